@@ -1,0 +1,425 @@
+/* flashsci.attention(q, k, v, /, *, causal, scale, layout, out, return_lse, stream): argument parsing,
+ * the checks that turn bad input into clear errors, output allocation in the caller's framework, and
+ * dispatch to the C CPU kernel or the CUDA kernels. */
+#include "flashsci.h"
+
+#include <math.h>
+
+#define NO_IMPORT_ARRAY
+#define PY_ARRAY_UNIQUE_SYMBOL flashsci_ARRAY_API
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include "../kernels/attention_cpu.h"
+
+enum { KW_CAUSAL, KW_SCALE, KW_LAYOUT, KW_OUT, KW_RETURN_LSE, KW_STREAM, KW_COUNT };
+
+typedef struct {
+    PyObject *q, *k, *v, *out, *stream;
+    int causal, return_lse, bshd, has_scale;
+    double scale;
+} attn_args;
+
+/* Parse the vectorcall arguments: q, k, v positional, everything else keyword-only. */
+static int parse_args(fs_state *st, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, attn_args *a)
+{
+    PyObject *kw[KW_COUNT] = {NULL};
+    memset(a, 0, sizeof *a);
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "attention() takes 3 positional arguments (q, k, v) but %zd were given", nargs);
+        return -1;
+    }
+    a->q = args[0];
+    a->k = args[1];
+    a->v = args[2];
+    const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        int slot = -1;
+        for (int j = 0; j < KW_COUNT && slot < 0; j++)
+            if (name == PyTuple_GET_ITEM(st->kw_names, j)) slot = j;
+        for (int j = 0; j < KW_COUNT && slot < 0; j++)
+            if (PyUnicode_Compare(name, PyTuple_GET_ITEM(st->kw_names, j)) == 0) slot = j;
+        if (slot < 0) {
+            PyErr_Format(PyExc_TypeError, "attention() got an unexpected keyword argument '%S'", name);
+            return -1;
+        }
+        kw[slot] = args[nargs + i];
+    }
+    if (kw[KW_CAUSAL] && (a->causal = PyObject_IsTrue(kw[KW_CAUSAL])) < 0) return -1;
+    if (kw[KW_RETURN_LSE] && (a->return_lse = PyObject_IsTrue(kw[KW_RETURN_LSE])) < 0) return -1;
+    if (kw[KW_SCALE] && kw[KW_SCALE] != Py_None) {
+        if (!PyNumber_Check(kw[KW_SCALE]) || PyBool_Check(kw[KW_SCALE])) {
+            PyErr_Format(PyExc_TypeError, "scale must be a float or None, got %.100s", Py_TYPE(kw[KW_SCALE])->tp_name);
+            return -1;
+        }
+        a->scale = PyFloat_AsDouble(kw[KW_SCALE]);
+        if (a->scale == -1.0 && PyErr_Occurred()) return -1;
+        if (!isfinite(a->scale)) {
+            PyErr_Format(PyExc_ValueError, "scale must be finite, got %R", kw[KW_SCALE]);
+            return -1;
+        }
+        a->has_scale = 1;
+    }
+    if (kw[KW_LAYOUT]) {
+        PyObject *l = kw[KW_LAYOUT];
+        if (!PyUnicode_Check(l)) {
+            PyErr_Format(PyExc_TypeError, "layout must be a str ('bhsd' or 'bshd'), got %.100s", Py_TYPE(l)->tp_name);
+            return -1;
+        }
+        if (PyUnicode_CompareWithASCIIString(l, "bshd") == 0) a->bshd = 1;
+        else if (PyUnicode_CompareWithASCIIString(l, "bhsd") != 0) {
+            PyErr_Format(PyExc_ValueError, "layout must be 'bhsd' (torch SDPA) or 'bshd' (FlashAttention), got %R", l);
+            return -1;
+        }
+    }
+    a->out = kw[KW_OUT] == Py_None ? NULL : kw[KW_OUT];
+    a->stream = kw[KW_STREAM] == Py_None ? NULL : kw[KW_STREAM];
+    return 0;
+}
+
+/* Write 'cpu' or 'cuda:N' into buf. */
+static const char *device_str(const fs_tensor *t, char *buf, size_t n)
+{
+    if (t->is_cuda) snprintf(buf, n, "cuda:%d", t->device);
+    else snprintf(buf, n, "cpu");
+    return buf;
+}
+
+/* Write a shape as '(a, b, c)' into buf. */
+static const char *shape_str(const int64_t *shape, int ndim, char *buf, size_t n)
+{
+    size_t used = (size_t)snprintf(buf, n, "(");
+    for (int i = 0; i < ndim && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (used < n) snprintf(buf + used, n - used, ndim == 1 ? ",)" : ")");
+    return buf;
+}
+
+/* Byte range [lo, hi) that a tensor's elements span. */
+static void byte_extent(const fs_tensor *t, uintptr_t *lo, uintptr_t *hi)
+{
+    int64_t neg = 0, pos = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        const int64_t span = (t->shape[i] - 1) * t->strides[i];
+        if (span < 0) neg += span; else pos += span;
+    }
+    const int64_t item = (int64_t)fs_dtype_itemsize(t->dtype);
+    *lo = (uintptr_t)t->data + (uintptr_t)(neg * item);
+    *hi = (uintptr_t)t->data + (uintptr_t)((pos + 1) * item);
+}
+
+/* Sizes must fit 32-bit counts and the addressed span must fit 64-bit byte offsets. */
+static int check_sizes(const fs_tensor *t, const char *name)
+{
+    const int64_t item = (int64_t)fs_dtype_itemsize(t->dtype);
+    int64_t span = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        char buf[160];
+        if (t->shape[i] == 0) {
+            PyErr_Format(PyExc_ValueError, "%s has a zero-size dimension (shape %s); every dimension must be at least 1",
+                         name, shape_str(t->shape, t->ndim, buf, sizeof buf));
+            return -1;
+        }
+        if (t->shape[i] < 0 || t->shape[i] > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "%s: dimension %d has size %lld; flashsci supports sizes below 2**31", name, i,
+                         (long long)t->shape[i]);
+            return -1;
+        }
+        const int64_t s = t->strides[i] < 0 ? -t->strides[i] : t->strides[i];
+        if (s > (INT64_MAX / item - span) / t->shape[i]) {
+            PyErr_Format(PyExc_ValueError, "%s: shape %s with strides spans more than 2**63 bytes", name,
+                         shape_str(t->shape, t->ndim, buf, sizeof buf));
+            return -1;
+        }
+        span += (t->shape[i] - 1) * s;
+    }
+    return 0;
+}
+
+/* Pointer and row alignment: element size on the CPU, 16 bytes (vector loads) on CUDA. */
+static int check_alignment(const fs_tensor *t, const char *name, int dims_are_rows)
+{
+    const uintptr_t item = fs_dtype_itemsize(t->dtype), need = t->is_cuda ? 16 : item;
+    if ((uintptr_t)t->data % need) {
+        PyErr_Format(PyExc_ValueError, "%s: data pointer %p is not %zu-byte aligned (%s needs %zu-byte alignment)", name,
+                     t->data, (size_t)need, t->is_cuda ? "the CUDA kernels' 16-byte loads" : fs_dtype_name(t->dtype), (size_t)need);
+        return -1;
+    }
+    for (int i = 0; t->is_cuda && i < dims_are_rows; i++) {
+        if ((t->strides[i] * (int64_t)item) % 16 && t->shape[i] > 1) {
+            PyErr_Format(PyExc_ValueError, "%s: stride %lld of dimension %d is not a multiple of 16 bytes; the CUDA kernels "
+                         "load 16-byte rows (make the tensor contiguous)", name, (long long)t->strides[i], i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* (B, H, S, D) positions of a 4-D tensor's dimensions in the chosen layout. */
+static void layout_dims(int bshd, int *ib, int *ih, int *is)
+{
+    *ib = 0;
+    *ih = bshd ? 2 : 1;
+    *is = bshd ? 1 : 2;
+}
+
+/* All q/k/v checks: rank, dtype, device, shapes, strides, sizes, alignment, head dim. */
+static int check_inputs(const attn_args *a, fs_tensor *const t[3])
+{
+    static const char *names[3] = {"q", "k", "v"};
+    const char *layout = a->bshd ? "(B, S, H, D) for layout 'bshd'" : "(B, H, S, D) for layout 'bhsd'";
+    char b1[160], b2[160];
+    int ib, ih, is;
+    layout_dims(a->bshd, &ib, &ih, &is);
+    for (int i = 0; i < 3; i++) {
+        if (t[i]->ndim != 4) {
+            PyErr_Format(PyExc_ValueError, "%s must be 4-D %s, got %d-D shape %s", names[i], layout, t[i]->ndim,
+                         shape_str(t[i]->shape, t[i]->ndim, b1, sizeof b1));
+            return -1;
+        }
+        if (t[i]->requires_grad) {
+            PyErr_Format(PyExc_ValueError, "%s requires grad, but flashsci.attention is forward-only: call it under "
+                         "torch.no_grad() or torch.inference_mode(), or pass %s.detach()", names[i], names[i]);
+            return -1;
+        }
+        if (t[i]->dtype != t[0]->dtype) {
+            PyErr_Format(PyExc_TypeError, "%s has dtype %s but q has %s: q, k and v must share one dtype", names[i],
+                         fs_dtype_name(t[i]->dtype), fs_dtype_name(t[0]->dtype));
+            return -1;
+        }
+        if (t[i]->is_cuda != t[0]->is_cuda || t[i]->device != t[0]->device) {
+            PyErr_Format(PyExc_ValueError, "%s is on %s but q is on %s: q, k and v must be on one device", names[i],
+                         device_str(t[i], b1, sizeof b1), device_str(t[0], b2, sizeof b2));
+            return -1;
+        }
+        if (check_sizes(t[i], names[i]) < 0) return -1;
+        if (t[i]->strides[3] != 1 && t[i]->shape[3] != 1) {
+            PyErr_Format(PyExc_ValueError, "%s: the last (head) dimension must be contiguous (stride 1), got stride %lld; "
+                         "call .contiguous() first", names[i], (long long)t[i]->strides[3]);
+            return -1;
+        }
+        if (check_alignment(t[i], names[i], 3) < 0) return -1;
+    }
+    static const char *what[4] = {"batch size", "head count", "sequence length", "head dim"};
+    const int dims[3] = {ib, ih, 3};
+    for (int i = 1; i < 3; i++)
+        for (int j = 0; j < 3; j++)
+            if (t[i]->shape[dims[j]] != t[0]->shape[dims[j]]) {
+                const int w = j == 2 ? 3 : j;
+                PyErr_Format(PyExc_ValueError, "%s has %s %lld but q has %lld (q %s, %s %s, layout '%s')", names[i], what[w],
+                             (long long)t[i]->shape[dims[j]], (long long)t[0]->shape[dims[j]],
+                             shape_str(t[0]->shape, 4, b1, sizeof b1), names[i], shape_str(t[i]->shape, 4, b2, sizeof b2),
+                             a->bshd ? "bshd" : "bhsd");
+                return -1;
+            }
+    if (t[1]->shape[is] != t[2]->shape[is]) {
+        PyErr_Format(PyExc_ValueError, "k has sequence length %lld but v has %lld: they must match",
+                     (long long)t[1]->shape[is], (long long)t[2]->shape[is]);
+        return -1;
+    }
+    if ((int64_t)t[0]->shape[ib] * t[0]->shape[ih] > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "batch x heads = %lld; flashsci supports below 2**31",
+                     (long long)(t[0]->shape[ib] * t[0]->shape[ih]));
+        return -1;
+    }
+    const int64_t D = t[0]->shape[3];
+    if (t[0]->is_cuda) {
+        if (t[0]->dtype != FS_F16 && t[0]->dtype != FS_BF16) {
+            PyErr_Format(PyExc_TypeError, "CUDA attention supports float16 and bfloat16, got %s", fs_dtype_name(t[0]->dtype));
+            return -1;
+        }
+        if (D != 32 && D != 64 && D != 96 && D != 128 && D != 256) {
+            PyErr_Format(PyExc_ValueError, "CUDA attention supports head dims 32, 64, 96, 128 and 256, got %lld", (long long)D);
+            return -1;
+        }
+    } else if (D > FS_CPU_MAX_D) {
+        PyErr_Format(PyExc_ValueError, "CPU attention supports head dims up to %d, got %lld", FS_CPU_MAX_D, (long long)D);
+        return -1;
+    }
+    return 0;
+}
+
+/* out=: shape, dtype, device, writability, layout, alignment and no overlap with the inputs. */
+static int check_out(const fs_tensor *o, fs_tensor *const t[3], const int64_t *shape)
+{
+    static const char *names[3] = {"q", "k", "v"};
+    char b1[160], b2[160];
+    if (o->ndim != 4 || memcmp(o->shape, shape, 4 * sizeof *shape)) {
+        PyErr_Format(PyExc_ValueError, "out has shape %s but the result has shape %s", shape_str(o->shape, o->ndim, b1, sizeof b1),
+                     shape_str(shape, 4, b2, sizeof b2));
+        return -1;
+    }
+    if (o->dtype != t[0]->dtype) {
+        PyErr_Format(PyExc_TypeError, "out has dtype %s but q has %s", fs_dtype_name(o->dtype), fs_dtype_name(t[0]->dtype));
+        return -1;
+    }
+    if (o->is_cuda != t[0]->is_cuda || o->device != t[0]->device) {
+        PyErr_Format(PyExc_ValueError, "out is on %s but q is on %s", device_str(o, b1, sizeof b1), device_str(t[0], b2, sizeof b2));
+        return -1;
+    }
+    if (o->readonly) {
+        PyErr_SetString(PyExc_ValueError, "out is read-only");
+        return -1;
+    }
+    if (check_sizes(o, "out") < 0) return -1;
+    if (o->strides[3] != 1 && o->shape[3] != 1) {
+        PyErr_Format(PyExc_ValueError, "out: the last dimension must be contiguous (stride 1), got stride %lld", (long long)o->strides[3]);
+        return -1;
+    }
+    /* no element may be written twice: sorted by stride, each dimension must step past the ones inside it */
+    int order[4] = {0, 1, 2, 3};
+    for (int i = 1; i < 4; i++)
+        for (int j = i; j > 0 && o->strides[order[j]] < o->strides[order[j - 1]]; j--) {
+            int tmp = order[j]; order[j] = order[j - 1]; order[j - 1] = tmp;
+        }
+    int64_t inner = 1;
+    for (int i = 0; i < 4; i++) {
+        const int d = order[i];
+        if (o->shape[d] == 1) continue;
+        if (o->strides[d] < inner) {
+            PyErr_Format(PyExc_ValueError, "out has overlapping or negative strides %s; it must not alias itself",
+                         shape_str(o->strides, 4, b1, sizeof b1));
+            return -1;
+        }
+        inner = o->strides[d] * o->shape[d];
+    }
+    if (check_alignment(o, "out", 3) < 0) return -1;
+    uintptr_t olo, ohi;
+    byte_extent(o, &olo, &ohi);
+    for (int i = 0; i < 3; i++) {
+        uintptr_t lo, hi;
+        byte_extent(t[i], &lo, &hi);
+        if (lo < ohi && olo < hi) {
+            PyErr_Format(PyExc_ValueError, "out overlaps %s in memory; flashsci cannot write its result over an input", names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* New uninitialised output in q's framework: torch tensor, NumPy array or flashsci.Array. */
+static PyObject *new_output(fs_state *st, const fs_tensor *q, int ndim, const int64_t *shape, fs_dtype dtype,
+                            uintptr_t stream, char **data)
+{
+    PyObject *obj = NULL;
+    if (q->source == FS_SRC_TORCH) {
+        PyObject *size = PyTuple_New(ndim);
+        if (!size) return NULL;
+        for (int i = 0; i < ndim; i++) PyTuple_SET_ITEM(size, i, PyLong_FromLongLong(shape[i]));
+        PyObject *args[3] = {q->obj, size, st->torch_dtype[dtype]}, *kwnames = NULL;
+        if (dtype == q->dtype || (kwnames = PyTuple_Pack(1, st->s_dtype)))
+            obj = PyObject_VectorcallMethod(st->s_new_empty, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+        Py_DECREF(size);
+        Py_XDECREF(kwnames);
+        if (!obj) return NULL;
+        PyObject *ptr = PyObject_VectorcallMethod(st->s_data_ptr, &obj, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (!ptr || (!(*data = PyLong_AsVoidPtr(ptr)) && PyErr_Occurred())) {
+            Py_XDECREF(ptr);
+            Py_DECREF(obj);
+            return NULL;
+        }
+        Py_DECREF(ptr);
+    } else if (q->source == FS_SRC_NUMPY) {
+        npy_intp dims[FS_MAX_NDIM];
+        for (int i = 0; i < ndim; i++) dims[i] = (npy_intp)shape[i];
+        const int typenum = dtype == FS_F16 ? NPY_HALF : dtype == FS_F32 ? NPY_FLOAT : NPY_DOUBLE;
+        if (!(obj = PyArray_SimpleNew(ndim, dims, typenum))) return NULL;
+        *data = PyArray_BYTES((PyArrayObject *)obj);
+    } else {
+        if (!(obj = fs_array_new(st, ndim, shape, dtype, q->is_cuda, q->device, stream))) return NULL;
+        *data = fs_array_data(obj);
+    }
+    return obj;
+}
+
+/* Fill the kernel parameters from the checked tensors. */
+static void fill_params(const attn_args *a, fs_tensor *const t[3], const fs_tensor *o, void *lse, fs_attn_params *p)
+{
+    int ib, ih, is;
+    layout_dims(a->bshd, &ib, &ih, &is);
+    memset(p, 0, sizeof *p);
+    p->q = t[0]->data; p->k = t[1]->data; p->v = t[2]->data; p->o = o->data; p->lse = lse;
+    p->q_sb = t[0]->strides[ib]; p->q_sh = t[0]->strides[ih]; p->q_ss = t[0]->strides[is];
+    p->k_sb = t[1]->strides[ib]; p->k_sh = t[1]->strides[ih]; p->k_ss = t[1]->strides[is];
+    p->v_sb = t[2]->strides[ib]; p->v_sh = t[2]->strides[ih]; p->v_ss = t[2]->strides[is];
+    p->o_sb = o->strides[ib]; p->o_sh = o->strides[ih]; p->o_ss = o->strides[is];
+    p->B = (int)t[0]->shape[ib];
+    p->H = (int)t[0]->shape[ih];
+    p->Sq = (int)t[0]->shape[is];
+    p->Sk = (int)t[1]->shape[is];
+    p->D = (int)t[0]->shape[3];
+    p->scale = a->has_scale ? a->scale : 1.0 / sqrt((double)p->D);
+    p->causal = a->causal;
+    p->dtype = t[0]->dtype;
+}
+
+PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    fs_state *st = fs_get_state(module);
+    attn_args a;
+    fs_tensor tq, tk, tv, to;
+    fs_tensor *const t[3] = {&tq, &tk, &tv};
+    PyObject *out = NULL, *lse = NULL, *result = NULL;
+    uintptr_t stream = 0;
+    memset(&tq, 0, sizeof tq); memset(&tk, 0, sizeof tk); memset(&tv, 0, sizeof tv); memset(&to, 0, sizeof to);
+
+    if (parse_args(st, args, nargs, kwnames, &a) < 0) return NULL;
+    if (a.stream && fs_parse_stream(st, a.stream, &stream) < 0) return NULL;
+    if (fs_tensor_import(st, a.q, "q", stream, FS_ROUTE_AUTO, &tq) < 0) goto done;
+    if (!a.stream && tq.is_cuda && tq.source == FS_SRC_TORCH && fs_torch_current_stream(st, tq.device, &stream) < 0) goto done;
+    if (fs_tensor_import(st, a.k, "k", stream, FS_ROUTE_AUTO, &tk) < 0) goto done;
+    if (fs_tensor_import(st, a.v, "v", stream, FS_ROUTE_AUTO, &tv) < 0) goto done;
+    if (check_inputs(&a, t) < 0) goto done;
+    if (a.stream && !tq.is_cuda) {
+        PyErr_SetString(PyExc_ValueError, "stream= applies to CUDA inputs, but q, k and v are on the CPU");
+        goto done;
+    }
+
+    int ib, ih, is;
+    layout_dims(a.bshd, &ib, &ih, &is);
+    int64_t oshape[4];
+    memcpy(oshape, tq.shape, sizeof oshape);
+    const int64_t lshape[3] = {tq.shape[ib], tq.shape[ih], tq.shape[is]};
+    const fs_dtype ldtype = tq.dtype == FS_F64 ? FS_F64 : FS_F32;
+    if (a.out) {
+        if (fs_tensor_import(st, a.out, "out", stream, FS_ROUTE_AUTO, &to) < 0 || check_out(&to, t, oshape) < 0) goto done;
+        out = Py_NewRef(a.out);
+    } else {
+        char *data;
+        if (!(out = new_output(st, &tq, 4, oshape, tq.dtype, stream, &data))) goto done;
+        to.data = data;
+        to.ndim = 4;
+        to.dtype = tq.dtype;
+        memcpy(to.shape, oshape, sizeof oshape);
+        to.strides[3] = 1;
+        for (int i = 2; i >= 0; i--) to.strides[i] = to.strides[i + 1] * oshape[i + 1];
+    }
+    char *lse_data = NULL;
+    if (a.return_lse && !(lse = new_output(st, &tq, 3, lshape, ldtype, stream, &lse_data))) goto done;
+
+    fs_attn_params p;
+    fill_params(&a, t, &to, lse_data, &p);
+    if (tq.is_cuda) {
+        for (int i = 0; i < 3; i++)
+            if (t[i]->has_stream && fs_gpu_stream_wait(stream, t[i]->stream, tq.device) < 0) goto done;
+        if (to.has_stream && fs_gpu_stream_wait(stream, to.stream, tq.device) < 0) goto done;
+        if (fs_gpu_attention(&p, tq.device, stream) < 0) goto done;
+    } else {
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = fs_attention_cpu(&p, st->num_threads);
+        Py_END_ALLOW_THREADS
+        if (rc < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    result = a.return_lse ? PyTuple_Pack(2, out, lse) : Py_NewRef(out);
+done:
+    for (int i = 0; i < 3; i++) fs_tensor_release(t[i]);
+    fs_tensor_release(&to);
+    Py_XDECREF(out);
+    Py_XDECREF(lse);
+    return result;
+}

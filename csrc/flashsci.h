@@ -1,0 +1,84 @@
+/* Host-side declarations shared by the csrc/ files: module state, imported tensors, GPU runtime layer. */
+#ifndef FLASHSCI_HOST_H
+#define FLASHSCI_HOST_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+#include "../kernels/attention.h"
+#include "dlpack.h"
+
+#define FS_MAX_NDIM 8
+
+/* Per-module state (multi-phase init): cached types, interned names and torch handles. */
+typedef struct {
+    PyObject *array_type;           /* flashsci.Array, outputs for frameworks other than torch/NumPy */
+    PyObject *torch_tensor_type;    /* torch.Tensor once the user has imported torch, else NULL */
+    PyObject *torch_dtype[FS_NUM_DTYPES];
+    PyObject *torch_current_stream; /* torch._C._cuda_getCurrentRawStream, NULL on CPU-only torch */
+    PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_is_cuda, *s_is_cpu, *s_get_device,
+        *s_new_empty, *s_requires_grad, *s_device, *s_dlpack, *s_dlpack_device, *s_cai, *s_stream,
+        *s_max_version, *s_cuda_stream, *s_cuda_stream_proto;
+    PyObject *kw_names;             /* tuple of attention()'s keyword names, interned */
+    int num_threads;                /* CPU threads for CPU kernels */
+} fs_state;
+
+typedef enum { FS_SRC_NUMPY, FS_SRC_TORCH, FS_SRC_DLPACK, FS_SRC_CAI, FS_SRC_ARRAY } fs_source;
+
+/* An array read from a user object through one of the interop routes. */
+typedef struct {
+    char *data;                     /* first element (byte offset applied) */
+    int ndim;
+    int64_t shape[FS_MAX_NDIM];
+    int64_t strides[FS_MAX_NDIM];   /* in elements */
+    fs_dtype dtype;
+    int is_cuda, device;            /* device is the CUDA ordinal, 0 on the CPU */
+    int readonly, requires_grad;
+    fs_source source;
+    PyObject *obj;                  /* the user's object, borrowed */
+    DLManagedTensor *dl;            /* DLPack ownership, released by fs_tensor_release */
+    DLManagedTensorVersioned *dlv;
+    int has_stream;                 /* __cuda_array_interface__ v3 'stream' key */
+    uintptr_t stream;
+} fs_tensor;
+
+/* module.c */
+fs_state *fs_get_state(PyObject *module);
+const char *fs_dtype_name(fs_dtype dt);
+size_t fs_dtype_itemsize(fs_dtype dt);
+
+/* tensor.c */
+typedef enum { FS_ROUTE_AUTO, FS_ROUTE_DLPACK, FS_ROUTE_CAI } fs_route;
+int fs_torch_refresh(fs_state *st);
+int fs_tensor_import(fs_state *st, PyObject *obj, const char *name, uintptr_t stream, fs_route route,
+                     fs_tensor *t);
+void fs_tensor_release(fs_tensor *t);
+int fs_torch_current_stream(fs_state *st, int device, uintptr_t *stream);
+int fs_parse_stream(fs_state *st, PyObject *obj, uintptr_t *stream);
+PyObject *fs_tensor_describe(const fs_tensor *t);
+
+/* array.c */
+int fs_array_add_type(PyObject *module, fs_state *st);
+PyObject *fs_array_new(fs_state *st, int ndim, const int64_t *shape, fs_dtype dtype, int is_cuda, int device,
+                       uintptr_t stream);
+void *fs_array_data(PyObject *array);
+
+/* attention.c */
+PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+
+/* gpu.c: the CUDA runtime, or stubs that raise in a build without CUDA. All return 0 or -1 with an
+ * exception set, unless noted. */
+int fs_gpu_built(void);                                   /* 1 if compiled with CUDA */
+int fs_gpu_device_count(void);                            /* 0 without a driver or device; never raises */
+typedef struct { int sm_count, major, minor; size_t smem_optin; char name[256]; } fs_gpu_props;
+int fs_gpu_props_get(int device, fs_gpu_props *props);
+int fs_gpu_device_enter(int device, int *previous);      /* make device current, remember the old one */
+void fs_gpu_device_leave(int previous);
+int fs_gpu_stream_wait(uintptr_t waiter, uintptr_t producer, int device);
+int fs_gpu_pointer_device(const void *ptr, int *device);
+void *fs_gpu_malloc_async(size_t bytes, uintptr_t stream, int device);
+void fs_gpu_free_async(void *ptr, uintptr_t stream, int device);
+int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream);
+
+#endif

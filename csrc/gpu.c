@@ -1,0 +1,164 @@
+/* The CUDA runtime layer of the host module: devices, streams, memory and kernel launch. In a build
+ * without the CUDA toolkit the same functions exist and raise a clear error. CUDA is first touched by
+ * the first GPU call, never at import. */
+#include "flashsci.h"
+
+#ifdef FLASHSCI_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "../kernels/attention_cuda.h"
+
+#define FS_MAX_DEVICES 64
+
+static fs_gpu_props props_cache[FS_MAX_DEVICES];
+static int props_known[FS_MAX_DEVICES];
+static cudaEvent_t sync_event[FS_MAX_DEVICES];
+
+/* Raise RuntimeError for a failed CUDA call; returns -1. */
+static int cuda_fail(cudaError_t err, const char *what)
+{
+    PyErr_Format(PyExc_RuntimeError, "flashsci: %s failed: %s (%s)", what, cudaGetErrorString(err),
+                 cudaGetErrorName(err));
+    return -1;
+}
+
+int fs_gpu_built(void) { return 1; }
+
+int fs_gpu_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* no driver or no device: clear the sticky-free error */
+        return 0;
+    }
+    return n;
+}
+
+int fs_gpu_props_get(int device, fs_gpu_props *props)
+{
+    if (device < 0 || device >= FS_MAX_DEVICES) {
+        PyErr_Format(PyExc_ValueError, "flashsci: CUDA device %d is out of range", device);
+        return -1;
+    }
+    if (!props_known[device]) {
+        struct cudaDeviceProp p;
+        cudaError_t err = cudaGetDeviceProperties(&p, device);
+        if (err != cudaSuccess) return cuda_fail(err, "cudaGetDeviceProperties");
+        props_cache[device].sm_count = p.multiProcessorCount;
+        props_cache[device].major = p.major;
+        props_cache[device].minor = p.minor;
+        props_cache[device].smem_optin = p.sharedMemPerBlockOptin;
+        snprintf(props_cache[device].name, sizeof props_cache[device].name, "%s", p.name);
+        props_known[device] = 1;
+    }
+    *props = props_cache[device];
+    return 0;
+}
+
+int fs_gpu_device_enter(int device, int *previous)
+{
+    cudaError_t err = cudaGetDevice(previous);
+    if (err != cudaSuccess) return cuda_fail(err, "cudaGetDevice");
+    if (*previous != device && (err = cudaSetDevice(device)) != cudaSuccess) return cuda_fail(err, "cudaSetDevice");
+    return 0;
+}
+
+void fs_gpu_device_leave(int previous)
+{
+    int now;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous) cudaSetDevice(previous);
+}
+
+int fs_gpu_stream_wait(uintptr_t waiter, uintptr_t producer, int device)
+{
+    cudaError_t err;
+    if (waiter == producer) return 0;
+    if (!sync_event[device] &&
+        (err = cudaEventCreateWithFlags(&sync_event[device], cudaEventDisableTiming)) != cudaSuccess)
+        return cuda_fail(err, "cudaEventCreateWithFlags");
+    if ((err = cudaEventRecord(sync_event[device], (cudaStream_t)producer)) != cudaSuccess)
+        return cuda_fail(err, "cudaEventRecord");
+    if ((err = cudaStreamWaitEvent((cudaStream_t)waiter, sync_event[device], 0)) != cudaSuccess)
+        return cuda_fail(err, "cudaStreamWaitEvent");
+    return 0;
+}
+
+int fs_gpu_pointer_device(const void *ptr, int *device)
+{
+    struct cudaPointerAttributes a;
+    cudaError_t err = cudaPointerGetAttributes(&a, ptr);
+    if (err != cudaSuccess) return cuda_fail(err, "cudaPointerGetAttributes");
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
+        PyErr_Format(PyExc_ValueError, "flashsci: pointer %p from __cuda_array_interface__ is not CUDA device memory",
+                     ptr);
+        return -1;
+    }
+    *device = a.device;
+    return 0;
+}
+
+void *fs_gpu_malloc_async(size_t bytes, uintptr_t stream, int device)
+{
+    void *ptr = NULL;
+    int prev;
+    if (fs_gpu_device_enter(device, &prev) < 0) return NULL;
+    cudaError_t err = cudaMallocAsync(&ptr, bytes ? bytes : 1, (cudaStream_t)stream);
+    fs_gpu_device_leave(prev);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        if (err == cudaErrorMemoryAllocation) PyErr_Format(PyExc_MemoryError, "flashsci: out of CUDA memory allocating %zu bytes", bytes);
+        else cuda_fail(err, "cudaMallocAsync");
+        return NULL;
+    }
+    return ptr;
+}
+
+void fs_gpu_free_async(void *ptr, uintptr_t stream, int device)
+{
+    int prev;
+    if (cudaGetDevice(&prev) != cudaSuccess) return;
+    if (prev != device) cudaSetDevice(device);
+    if (cudaFreeAsync(ptr, (cudaStream_t)stream) != cudaSuccess) cudaGetLastError(); /* e.g. at shutdown */
+    if (prev != device) cudaSetDevice(prev);
+}
+
+int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream)
+{
+    fs_gpu_props props;
+    if (fs_gpu_props_get(device, &props) < 0) return -1;
+    if (props.major < 8) {
+        PyErr_Format(PyExc_ValueError, "flashsci: CUDA attention needs compute capability 8.0 or newer; device %d (%s) is %d.%d",
+                     device, props.name, props.major, props.minor);
+        return -1;
+    }
+    int prev;
+    if (fs_gpu_device_enter(device, &prev) < 0) return -1;
+    cudaError_t err = fs_attention_sm80(p, props.sm_count, (cudaStream_t)stream);
+    fs_gpu_device_leave(prev);
+    if (err != cudaSuccess) return cuda_fail(err, "attention kernel launch");
+    return 0;
+}
+
+#else /* no CUDA toolkit at build time */
+
+/* Raise the error every GPU entry point gives in a CPU-only build; returns -1. */
+static int no_cuda(void)
+{
+    PyErr_SetString(PyExc_RuntimeError,
+                    "flashsci: this build of flashsci has no CUDA support (built without the CUDA toolkit); "
+                    "reinstall with nvcc on PATH to use CUDA tensors");
+    return -1;
+}
+
+int fs_gpu_built(void) { return 0; }
+int fs_gpu_device_count(void) { return 0; }
+int fs_gpu_props_get(int device, fs_gpu_props *props) { (void)device; (void)props; return no_cuda(); }
+int fs_gpu_device_enter(int device, int *previous) { (void)device; (void)previous; return no_cuda(); }
+void fs_gpu_device_leave(int previous) { (void)previous; }
+int fs_gpu_stream_wait(uintptr_t w, uintptr_t p, int d) { (void)w; (void)p; (void)d; return no_cuda(); }
+int fs_gpu_pointer_device(const void *ptr, int *device) { (void)ptr; (void)device; return no_cuda(); }
+void *fs_gpu_malloc_async(size_t b, uintptr_t s, int d) { (void)b; (void)s; (void)d; no_cuda(); return NULL; }
+void fs_gpu_free_async(void *ptr, uintptr_t s, int d) { (void)ptr; (void)s; (void)d; }
+int fs_gpu_attention(const fs_attn_params *p, int d, uintptr_t s) { (void)p; (void)d; (void)s; return no_cuda(); }
+
+#endif

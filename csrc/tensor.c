@@ -1,0 +1,461 @@
+/* Tensor interop: read data pointer, dtype, shape, strides and device from NumPy arrays, torch tensors
+ * (attribute fast path, no capsule), any __dlpack__ producer (versioned and legacy capsules) and any
+ * __cuda_array_interface__ v2/v3 producer, without copying. */
+#include "flashsci.h"
+
+#define NO_IMPORT_ARRAY
+#define PY_ARRAY_UNIQUE_SYMBOL flashsci_ARRAY_API
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#define FS_SUPPORTED "float16, bfloat16, float32 or float64"
+
+/* Cache torch.Tensor, its dtypes and the raw-stream getter once the user has imported torch. */
+int fs_torch_refresh(fs_state *st)
+{
+    static const char *dtype_names[FS_NUM_DTYPES] = {"float16", "bfloat16", "float32", "float64"};
+    if (st->torch_tensor_type) return 0;
+    PyObject *modules = PyImport_GetModuleDict(); /* borrowed */
+    PyObject *torch = PyDict_GetItemString(modules, "torch");
+    if (!torch) return 0;
+    PyObject *tensor = PyObject_GetAttrString(torch, "Tensor");
+    if (!tensor || !PyType_Check(tensor)) goto partial; /* torch is still importing: try next call */
+    for (int i = 0; i < FS_NUM_DTYPES; i++) {
+        Py_XSETREF(st->torch_dtype[i], PyObject_GetAttrString(torch, dtype_names[i]));
+        if (!st->torch_dtype[i]) goto partial;
+    }
+    PyObject *c = PyObject_GetAttrString(torch, "_C");
+    if (c) {
+        st->torch_current_stream = PyObject_GetAttrString(c, "_cuda_getCurrentRawStream");
+        Py_DECREF(c);
+    }
+    PyErr_Clear(); /* CPU-only torch has no raw-stream getter */
+    st->torch_tensor_type = tensor;
+    return 0;
+partial:
+    Py_XDECREF(tensor);
+    PyErr_Clear();
+    return 0;
+}
+
+/* Name of a DLPack dtype for error messages. */
+static void dl_dtype_name(DLDataType dt, char *buf, size_t n)
+{
+    static const char *codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+    const char *code = dt.code < 7 ? codes[dt.code] : "code";
+    if (dt.lanes != 1) snprintf(buf, n, "%s%u x%u", code, dt.bits, dt.lanes);
+    else snprintf(buf, n, "%s%u", code, dt.bits);
+}
+
+/* Convert byte strides to element strides, refusing strides that are not whole elements. */
+static int strides_from_bytes(fs_tensor *t, const char *name, const int64_t *bytes)
+{
+    const int64_t item = (int64_t)fs_dtype_itemsize(t->dtype);
+    for (int i = 0; i < t->ndim; i++) {
+        if (bytes[i] % item) {
+            PyErr_Format(PyExc_ValueError, "%s: stride %lld bytes of dimension %d is not a multiple of the %s item size (%lld bytes)",
+                         name, (long long)bytes[i], i, fs_dtype_name(t->dtype), (long long)item);
+            return -1;
+        }
+        t->strides[i] = bytes[i] / item;
+    }
+    return 0;
+}
+
+/* Check the number of dimensions fits FS_MAX_NDIM. */
+static int check_ndim(const char *name, int64_t ndim)
+{
+    if (ndim < 0 || ndim > FS_MAX_NDIM) {
+        PyErr_Format(PyExc_ValueError, "%s: %lld dimensions is more than flashsci handles (at most %d)", name,
+                     (long long)ndim, FS_MAX_NDIM);
+        return -1;
+    }
+    return 0;
+}
+
+/* NumPy route: read the array's fields directly. */
+static int import_numpy(PyObject *obj, const char *name, fs_tensor *t)
+{
+    PyArrayObject *a = (PyArrayObject *)obj;
+    switch (PyArray_TYPE(a)) {
+    case NPY_HALF: t->dtype = FS_F16; break;
+    case NPY_FLOAT: t->dtype = FS_F32; break;
+    case NPY_DOUBLE: t->dtype = FS_F64; break;
+    default:
+        PyErr_Format(PyExc_TypeError, "%s: dtype %S is not supported (expected " FS_SUPPORTED ")", name,
+                     (PyObject *)PyArray_DESCR(a));
+        return -1;
+    }
+    if (PyArray_ISBYTESWAPPED(a)) {
+        PyErr_Format(PyExc_TypeError, "%s: dtype %S has non-native byte order", name, (PyObject *)PyArray_DESCR(a));
+        return -1;
+    }
+    if (check_ndim(name, PyArray_NDIM(a)) < 0) return -1;
+    t->source = FS_SRC_NUMPY;
+    t->ndim = PyArray_NDIM(a);
+    t->data = PyArray_BYTES(a);
+    t->readonly = !PyArray_ISWRITEABLE(a);
+    int64_t bytes[FS_MAX_NDIM];
+    for (int i = 0; i < t->ndim; i++) {
+        t->shape[i] = PyArray_DIM(a, i);
+        bytes[i] = PyArray_STRIDE(a, i);
+    }
+    return strides_from_bytes(t, name, bytes);
+}
+
+/* Read a tuple of Python ints into out[]; returns its length or -1. */
+static int read_int_tuple(PyObject *tup, const char *name, const char *what, int64_t *out)
+{
+    if (!PyTuple_Check(tup)) {
+        PyErr_Format(PyExc_TypeError, "%s: %s must be a tuple, got %.100s", name, what, Py_TYPE(tup)->tp_name);
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(tup);
+    if (check_ndim(name, n) < 0) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(tup, i));
+        if (out[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return (int)n;
+}
+
+/* Call obj.method() with no arguments. */
+static PyObject *call_method0(PyObject *obj, PyObject *method)
+{
+    PyObject *args[1] = {obj};
+    return PyObject_VectorcallMethod(method, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* torch route: dtype, device, shape, stride() and data_ptr() attributes (about 0.5 us, no capsule). */
+static int import_torch(fs_state *st, PyObject *obj, const char *name, fs_tensor *t)
+{
+    PyObject *dtype = NULL, *flag = NULL, *shape = NULL, *strides = NULL, *ptr = NULL;
+    int rc = -1;
+    if (!(dtype = PyObject_GetAttr(obj, st->s_dtype))) goto done;
+    t->dtype = FS_NUM_DTYPES;
+    for (int i = 0; i < FS_NUM_DTYPES; i++)
+        if (dtype == st->torch_dtype[i]) t->dtype = (fs_dtype)i;
+    if (t->dtype == FS_NUM_DTYPES) {
+        PyErr_Format(PyExc_TypeError, "%s: dtype %S is not supported (expected torch." FS_SUPPORTED ")", name, dtype);
+        goto done;
+    }
+    if (!(flag = PyObject_GetAttr(obj, st->s_is_cuda))) goto done;
+    t->is_cuda = flag == Py_True;
+    Py_CLEAR(flag);
+    if (t->is_cuda) {
+        if (!(flag = call_method0(obj, st->s_get_device))) goto done;
+        t->device = (int)PyLong_AsLong(flag);
+        if (t->device < 0 && PyErr_Occurred()) goto done;
+    } else {
+        if (!(flag = PyObject_GetAttr(obj, st->s_is_cpu))) goto done;
+        if (flag != Py_True) {
+            PyObject *dev = PyObject_GetAttr(obj, st->s_device);
+            if (dev) PyErr_Format(PyExc_ValueError, "%s: device '%S' is not supported (expected cpu or cuda)", name, dev);
+            Py_XDECREF(dev);
+            goto done;
+        }
+    }
+    Py_CLEAR(flag);
+    if (!(flag = PyObject_GetAttr(obj, st->s_requires_grad))) goto done;
+    t->requires_grad = flag == Py_True;
+    if (!(shape = PyObject_GetAttr(obj, st->s_shape))) goto done;
+    if ((t->ndim = read_int_tuple(shape, name, "shape", t->shape)) < 0) goto done;
+    if (!(strides = call_method0(obj, st->s_stride)) || !(ptr = call_method0(obj, st->s_data_ptr))) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_Format(PyExc_TypeError, "%s: expected a dense strided torch tensor (%S)", name, value ? value : Py_None);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        goto done;
+    }
+    if (read_int_tuple(strides, name, "stride()", t->strides) < 0) goto done;
+    t->data = (char *)PyLong_AsVoidPtr(ptr);
+    if (!t->data && PyErr_Occurred()) goto done;
+    t->source = FS_SRC_TORCH;
+    rc = 0;
+done:
+    Py_XDECREF(dtype);
+    Py_XDECREF(flag);
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    Py_XDECREF(ptr);
+    return rc;
+}
+
+/* Fill t from a DLTensor, checking device, dtype and layout. */
+static int from_dltensor(const DLTensor *d, const char *name, fs_tensor *t)
+{
+    if (d->device.device_type == kDLCPU) {
+        t->is_cuda = 0;
+        t->device = 0;
+    } else if (d->device.device_type == kDLCUDA) {
+        t->is_cuda = 1;
+        t->device = d->device.device_id;
+    } else {
+        PyErr_Format(PyExc_ValueError, "%s: DLPack device type %d is not supported (expected CPU=1 or CUDA=2)", name,
+                     (int)d->device.device_type);
+        return -1;
+    }
+    const DLDataType dt = d->dtype;
+    if (dt.lanes == 1 && dt.code == kDLFloat && dt.bits == 16) t->dtype = FS_F16;
+    else if (dt.lanes == 1 && dt.code == kDLBfloat && dt.bits == 16) t->dtype = FS_BF16;
+    else if (dt.lanes == 1 && dt.code == kDLFloat && dt.bits == 32) t->dtype = FS_F32;
+    else if (dt.lanes == 1 && dt.code == kDLFloat && dt.bits == 64) t->dtype = FS_F64;
+    else {
+        char buf[48];
+        dl_dtype_name(dt, buf, sizeof buf);
+        PyErr_Format(PyExc_TypeError, "%s: dtype %s is not supported (expected " FS_SUPPORTED ")", name, buf);
+        return -1;
+    }
+    if (check_ndim(name, d->ndim) < 0) return -1;
+    t->ndim = d->ndim;
+    int64_t compact = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        t->shape[i] = d->shape[i];
+        t->strides[i] = d->strides ? d->strides[i] : compact;
+        compact *= d->shape[i];
+    }
+    t->data = (char *)d->data + d->byte_offset;
+    return 0;
+}
+
+/* DLPack route: __dlpack_device__, then __dlpack__(stream=..., max_version=(1, 0)), legacy fallback. */
+static int import_dlpack(fs_state *st, PyObject *obj, const char *name, uintptr_t stream, fs_tensor *t)
+{
+    PyObject *dev = NULL, *cap = NULL, *kwvals[2] = {NULL, NULL}, *kwnames = NULL;
+    int rc = -1;
+    if (!(dev = call_method0(obj, st->s_dlpack_device))) goto done;
+    long dev_type;
+    if (!PyTuple_Check(dev) || PyTuple_GET_SIZE(dev) != 2 ||
+        ((dev_type = PyLong_AsLong(PyTuple_GET_ITEM(dev, 0))) == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: __dlpack_device__() must return (device_type, device_id), got %R", name, dev);
+        goto done;
+    }
+    /* CUDA consumers name their stream: 1 is the legacy default stream (0 is not allowed by the spec) */
+    kwvals[0] = dev_type == kDLCUDA ? PyLong_FromUnsignedLongLong(stream ? (unsigned long long)stream : 1ULL)
+                                    : Py_NewRef(Py_None);
+    kwvals[1] = Py_BuildValue("(ii)", FS_DLPACK_MAJOR, FS_DLPACK_MINOR);
+    kwnames = PyTuple_Pack(2, st->s_stream, st->s_max_version);
+    if (!kwvals[0] || !kwvals[1] || !kwnames) goto done;
+    PyObject *args[3] = {obj, kwvals[0], kwvals[1]};
+    cap = PyObject_VectorcallMethod(st->s_dlpack, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+    if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) { /* a pre-1.0 producer: no max_version */
+        PyErr_Clear();
+        Py_SETREF(kwnames, PyTuple_Pack(1, st->s_stream));
+        if (!kwnames) goto done;
+        cap = PyObject_VectorcallMethod(st->s_dlpack, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+    }
+    if (!cap) goto done;
+    const DLTensor *d;
+    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        t->dlv = (DLManagedTensorVersioned *)PyCapsule_GetPointer(cap, "dltensor_versioned");
+        if (PyCapsule_SetName(cap, "used_dltensor_versioned") < 0) { t->dlv = NULL; goto done; }
+        if (t->dlv->version.major != FS_DLPACK_MAJOR) {
+            PyErr_Format(PyExc_TypeError, "%s: DLPack version %u.%u is not supported (expected 1.x)", name,
+                         t->dlv->version.major, t->dlv->version.minor);
+            goto done;
+        }
+        t->readonly = (t->dlv->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
+        d = &t->dlv->dl_tensor;
+    } else if (PyCapsule_IsValid(cap, "dltensor")) {
+        t->dl = (DLManagedTensor *)PyCapsule_GetPointer(cap, "dltensor");
+        if (PyCapsule_SetName(cap, "used_dltensor") < 0) { t->dl = NULL; goto done; }
+        d = &t->dl->dl_tensor;
+    } else {
+        PyErr_Format(PyExc_TypeError, "%s: __dlpack__() returned %.100s, not an unused DLPack capsule", name,
+                     Py_TYPE(cap)->tp_name);
+        goto done;
+    }
+    t->source = FS_SRC_DLPACK;
+    rc = from_dltensor(d, name, t);
+done:
+    if (rc < 0) fs_tensor_release(t);
+    Py_XDECREF(dev);
+    Py_XDECREF(cap);
+    Py_XDECREF(kwvals[0]);
+    Py_XDECREF(kwvals[1]);
+    Py_XDECREF(kwnames);
+    return rc;
+}
+
+/* Map a __cuda_array_interface__ typestr to a dtype. */
+static int cai_dtype(PyObject *typestr, const char *name, fs_dtype *dt)
+{
+    const char *s = PyUnicode_Check(typestr) ? PyUnicode_AsUTF8(typestr) : NULL;
+    if (s && (!strcmp(s, "<f2") || !strcmp(s, "=f2"))) *dt = FS_F16;
+    else if (s && (!strcmp(s, "<f4") || !strcmp(s, "=f4"))) *dt = FS_F32;
+    else if (s && (!strcmp(s, "<f8") || !strcmp(s, "=f8"))) *dt = FS_F64;
+    else {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: __cuda_array_interface__ typestr %R is not supported (expected '<f2', '<f4' or '<f8')",
+                     name, typestr);
+        return -1;
+    }
+    return 0;
+}
+
+/* __cuda_array_interface__ route (v2/v3): shape, typestr, data, strides, mask and the v3 stream key. */
+static int import_cai(fs_state *st, PyObject *obj, const char *name, fs_tensor *t)
+{
+    PyObject *d = PyObject_GetAttr(obj, st->s_cai);
+    int rc = -1;
+    if (!d) return -1;
+    if (!PyDict_Check(d)) {
+        PyErr_Format(PyExc_TypeError, "%s: __cuda_array_interface__ must be a dict, got %.100s", name, Py_TYPE(d)->tp_name);
+        goto done;
+    }
+    PyObject *shape = PyDict_GetItemString(d, "shape"), *typestr = PyDict_GetItemString(d, "typestr"),
+             *data = PyDict_GetItemString(d, "data"), *strides = PyDict_GetItemString(d, "strides"),
+             *mask = PyDict_GetItemString(d, "mask"), *stream = PyDict_GetItemString(d, "stream");
+    if (!shape || !typestr || !data || !PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2) {
+        PyErr_Format(PyExc_TypeError, "%s: __cuda_array_interface__ needs 'shape', 'typestr' and 'data' (ptr, readonly)", name);
+        goto done;
+    }
+    if (mask && mask != Py_None) {
+        PyErr_Format(PyExc_ValueError, "%s: masked arrays (__cuda_array_interface__ 'mask') are not supported", name);
+        goto done;
+    }
+    if (cai_dtype(typestr, name, &t->dtype) < 0) goto done;
+    if ((t->ndim = read_int_tuple(shape, name, "__cuda_array_interface__ shape", t->shape)) < 0) goto done;
+    t->data = (char *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(data, 0));
+    if (!t->data && PyErr_Occurred()) goto done;
+    t->readonly = PyObject_IsTrue(PyTuple_GET_ITEM(data, 1)) == 1;
+    int64_t bytes[FS_MAX_NDIM];
+    if (strides && strides != Py_None) {
+        if (read_int_tuple(strides, name, "__cuda_array_interface__ strides", bytes) != t->ndim) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: __cuda_array_interface__ strides and shape differ in length", name);
+            goto done;
+        }
+        if (strides_from_bytes(t, name, bytes) < 0) goto done;
+    } else {
+        int64_t compact = 1;
+        for (int i = t->ndim - 1; i >= 0; i--) { t->strides[i] = compact; compact *= t->shape[i]; }
+    }
+    if (stream && stream != Py_None) {
+        t->stream = (uintptr_t)PyLong_AsUnsignedLongLong(stream);
+        if (PyErr_Occurred()) goto done;
+        if (t->stream == 0) {
+            PyErr_Format(PyExc_ValueError, "%s: __cuda_array_interface__ stream 0 is disallowed by the protocol (use 1 for the legacy default stream)", name);
+            goto done;
+        }
+        t->has_stream = 1;
+    }
+    t->is_cuda = 1;
+    t->source = FS_SRC_CAI;
+    if (t->data && fs_gpu_pointer_device(t->data, &t->device) < 0) goto done;
+    rc = 0;
+done:
+    Py_DECREF(d);
+    return rc;
+}
+
+int fs_tensor_import(fs_state *st, PyObject *obj, const char *name, uintptr_t stream, fs_route route, fs_tensor *t)
+{
+    memset(t, 0, sizeof *t);
+    t->obj = obj;
+    if (route == FS_ROUTE_AUTO) {
+        if (PyArray_Check(obj)) return import_numpy(obj, name, t);
+        if (Py_TYPE(obj) == (PyTypeObject *)st->array_type) {
+            int rc = import_dlpack(st, obj, name, stream, t);
+            t->source = FS_SRC_ARRAY;
+            return rc;
+        }
+        if (fs_torch_refresh(st) < 0) return -1;
+        if (st->torch_tensor_type && PyObject_TypeCheck(obj, (PyTypeObject *)st->torch_tensor_type))
+            return import_torch(st, obj, name, t);
+    }
+    int has_dl = route != FS_ROUTE_CAI && PyObject_HasAttr(obj, st->s_dlpack) && PyObject_HasAttr(obj, st->s_dlpack_device);
+    if (has_dl) return import_dlpack(st, obj, name, stream, t);
+    if (route != FS_ROUTE_DLPACK && PyObject_HasAttr(obj, st->s_cai)) return import_cai(st, obj, name, t);
+    PyErr_Format(PyExc_TypeError,
+                 "%s: expected an array (torch.Tensor, numpy.ndarray, or an object with __dlpack__ or "
+                 "__cuda_array_interface__), got %.200s", name, Py_TYPE(obj)->tp_name);
+    return -1;
+}
+
+void fs_tensor_release(fs_tensor *t)
+{
+    if (t->dlv) {
+        if (t->dlv->deleter) t->dlv->deleter(t->dlv);
+        t->dlv = NULL;
+    }
+    if (t->dl) {
+        if (t->dl->deleter) t->dl->deleter(t->dl);
+        t->dl = NULL;
+    }
+}
+
+int fs_torch_current_stream(fs_state *st, int device, uintptr_t *stream)
+{
+    *stream = 0;
+    if (!st->torch_current_stream) return 0;
+    PyObject *dev = PyLong_FromLong(device);
+    if (!dev) return -1;
+    PyObject *s = PyObject_CallOneArg(st->torch_current_stream, dev);
+    Py_DECREF(dev);
+    if (!s) return -1;
+    *stream = (uintptr_t)PyLong_AsUnsignedLongLong(s);
+    Py_DECREF(s);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+int fs_parse_stream(fs_state *st, PyObject *obj, uintptr_t *stream)
+{
+    PyObject *handle = NULL;
+    if (PyLong_Check(obj)) {
+        handle = Py_NewRef(obj);
+    } else if (PyObject_HasAttr(obj, st->s_cuda_stream_proto)) { /* __cuda_stream__() -> (version, handle) */
+        PyObject *proto = PyObject_GetAttr(obj, st->s_cuda_stream_proto);
+        PyObject *res = proto && PyCallable_Check(proto) ? PyObject_CallNoArgs(proto) : Py_XNewRef(proto);
+        Py_XDECREF(proto);
+        if (!res) return -1;
+        if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 2) handle = Py_NewRef(PyTuple_GET_ITEM(res, 1));
+        Py_DECREF(res);
+        if (!handle) {
+            PyErr_SetString(PyExc_TypeError, "stream: __cuda_stream__ must give a (version, handle) tuple");
+            return -1;
+        }
+    } else if (PyObject_HasAttr(obj, st->s_cuda_stream)) {      /* torch.cuda.Stream, numba streams */
+        if (!(handle = PyObject_GetAttr(obj, st->s_cuda_stream))) return -1;
+    } else {
+        PyErr_Format(PyExc_TypeError, "stream: expected an int CUDA stream handle or an object with "
+                     "__cuda_stream__ or cuda_stream, got %.200s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (!PyLong_Check(handle)) {
+        PyErr_Format(PyExc_TypeError, "stream: the handle must be an int, got %.200s", Py_TYPE(handle)->tp_name);
+        Py_DECREF(handle);
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(handle);
+    Py_DECREF(handle);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 0) {
+        PyErr_Format(PyExc_ValueError, "stream: a CUDA stream handle cannot be negative, got %lld", v);
+        return -1;
+    }
+    *stream = (uintptr_t)v;
+    return 0;
+}
+
+PyObject *fs_tensor_describe(const fs_tensor *t)
+{
+    static const char *sources[] = {"numpy", "torch", "dlpack", "cuda_array_interface", "flashsci.Array"};
+    PyObject *shape = PyTuple_New(t->ndim), *strides = PyTuple_New(t->ndim);
+    if (!shape || !strides) goto fail;
+    for (int i = 0; i < t->ndim; i++) {
+        PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(t->shape[i]));
+        PyTuple_SET_ITEM(strides, i, PyLong_FromLongLong(t->strides[i]));
+    }
+    return Py_BuildValue("{s:K,s:N,s:N,s:s,s:s,s:i,s:O,s:s,s:N}", "data", (unsigned long long)(uintptr_t)t->data,
+                         "shape", shape, "strides", strides, "dtype", fs_dtype_name(t->dtype), "device",
+                         t->is_cuda ? "cuda" : "cpu", "device_id", t->device, "readonly",
+                         t->readonly ? Py_True : Py_False, "source", sources[t->source], "stream",
+                         t->has_stream ? PyLong_FromUnsignedLongLong(t->stream) : Py_NewRef(Py_None));
+fail:
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    return NULL;
+}

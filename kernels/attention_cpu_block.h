@@ -1,0 +1,80 @@
+/* One (batch, head, query-block) of CPU flash attention, instantiated by attention_cpu.c for
+ * REAL = float (fp16/bf16/fp32 inputs) and REAL = double (fp64 inputs). Paper notation (FlashAttention-2):
+ * a query block Q_i of Br rows streams over key/value blocks K_j, V_j of Bc rows, keeping the running
+ * row max m_i, the running denominator l_i and the unnormalised output O_i. */
+
+static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h, int64_t i0, REAL *scratch)
+{
+    const int D = p->D;
+    const int64_t rows = (p->Sq - i0) < FS_CPU_BR ? (p->Sq - i0) : FS_CPU_BR;
+    REAL *Qi = scratch;                    /* [Br][D]  scale * Q_i                        */
+    REAL *Oi = Qi + FS_CPU_BR * D;         /* [Br][D]  unnormalised output                 */
+    REAL *Kt = Oi + FS_CPU_BR * D;         /* [D][Bc]  K_j transposed                      */
+    REAL *Vj = Kt + (int64_t)D * FS_CPU_BC;/* [Bc][D]                                      */
+    REAL *S = Vj + (int64_t)FS_CPU_BC * D; /* [Br][Bc] scores, then probabilities P_ij      */
+    REAL m[FS_CPU_BR], l[FS_CPU_BR];
+
+    const char *qb = (const char *)p->q, *kb = (const char *)p->k, *vb = (const char *)p->v;
+    const size_t es = fs_dtype_size(p->dtype);
+    for (int64_t r = 0; r < rows; r++) {
+        LOAD_ROW(qb + es * (b * p->q_sb + h * p->q_sh + (i0 + r) * p->q_ss), p->dtype, Qi + r * D, D);
+        for (int d = 0; d < D; d++) { Qi[r * D + d] *= (REAL)p->scale; Oi[r * D + d] = 0; }
+        m[r] = -INFINITY;
+        l[r] = 0;
+    }
+    /* causal (top-left): query i sees keys j <= i, so this block needs keys below i0 + rows */
+    const int64_t kend = p->causal ? (i0 + rows < p->Sk ? i0 + rows : p->Sk) : p->Sk;
+    for (int64_t j0 = 0; j0 < kend; j0 += FS_CPU_BC) {
+        const int cols = (int)((kend - j0) < FS_CPU_BC ? (kend - j0) : FS_CPU_BC);
+        for (int c = 0; c < cols; c++) {
+            REAL row[FS_CPU_MAX_D];
+            LOAD_ROW(kb + es * (b * p->k_sb + h * p->k_sh + (j0 + c) * p->k_ss), p->dtype, row, D);
+            for (int d = 0; d < D; d++) Kt[(int64_t)d * FS_CPU_BC + c] = row[d];
+            LOAD_ROW(vb + es * (b * p->v_sb + h * p->v_sh + (j0 + c) * p->v_ss), p->dtype, Vj + (int64_t)c * D, D);
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            REAL *s = S + r * FS_CPU_BC;
+            /* S_ij = (scale Q_i) K_j^T */
+            for (int c = 0; c < cols; c++) s[c] = 0;
+            for (int d = 0; d < D; d++) {
+                const REAL qd = Qi[r * D + d];
+                const REAL *kt = Kt + (int64_t)d * FS_CPU_BC;
+                for (int c = 0; c < cols; c++) s[c] += qd * kt[c];
+            }
+            if (p->causal)
+                for (int c = 0; c < cols; c++)
+                    if (j0 + c > i0 + r) s[c] = -INFINITY;
+            /* m_new = max(m_i, rowmax S_ij);  P_ij = exp(S_ij - m_new);  l_i = e^(m_i - m_new) l_i + rowsum P_ij */
+            REAL mx = m[r];
+            for (int c = 0; c < cols; c++) mx = s[c] > mx ? s[c] : mx;
+            if (mx == -INFINITY) continue;           /* every key so far masked: nothing to add */
+            const REAL alpha = EXP(m[r] - mx);
+            REAL sum = 0;
+            for (int c = 0; c < cols; c++) { s[c] = EXP(s[c] - mx); sum += s[c]; }
+            l[r] = alpha * l[r] + sum;
+            m[r] = mx;
+            /* O_i = e^(m_i - m_new) O_i + P_ij V_j */
+            REAL *o = Oi + r * D;
+            for (int d = 0; d < D; d++) o[d] *= alpha;
+            for (int c = 0; c < cols; c++) {
+                const REAL pc = s[c];
+                const REAL *vr = Vj + (int64_t)c * D;
+                for (int d = 0; d < D; d++) o[d] += pc * vr[d];
+            }
+        }
+    }
+    /* O_i = O_i / l_i;  lse_i = m_i + log(l_i); a row that saw no key is written as zeros, lse -inf */
+    char *ob = (char *)p->o;
+    for (int64_t r = 0; r < rows; r++) {
+        const REAL inv = l[r] > 0 ? 1 / l[r] : 0;
+        REAL *o = Oi + r * D;
+        for (int d = 0; d < D; d++) o[d] *= inv;
+        STORE_ROW(o, p->dtype, ob + es * (b * p->o_sb + h * p->o_sh + (i0 + r) * p->o_ss), D);
+        if (p->lse) {
+            const int64_t li = (b * p->H + h) * p->Sq + i0 + r;
+            const REAL lse = l[r] > 0 ? m[r] + LOG(l[r]) : -INFINITY;
+            if (p->dtype == FS_F64) ((double *)p->lse)[li] = (double)lse;
+            else ((float *)p->lse)[li] = (float)lse;
+        }
+    }
+}

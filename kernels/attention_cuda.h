@@ -1,0 +1,20 @@
+/* Launchers of the CUDA attention kernels, callable from the C host (csrc/gpu.c). */
+#ifndef FLASHSCI_ATTENTION_CUDA_H
+#define FLASHSCI_ATTENTION_CUDA_H
+
+#include <cuda_runtime_api.h>
+
+#include "attention.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Launch tensor-core flash attention (sm_80+, fp16/bf16, D in {32, 64, 96, 128, 256}) on stream.
+ * sm_count sizes the grid (KV splits for small problems). Returns the launch's error code. */
+cudaError_t fs_attention_sm80(const fs_attn_params *p, int sm_count, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

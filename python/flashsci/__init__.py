@@ -1,0 +1,11 @@
+"""flashsci: fused attention kernels in C/CUDA behind a thin CPython module.
+
+    import flashsci
+    o = flashsci.attention(q, k, v)          # torch, CuPy, JAX, NumPy: zero-copy
+
+See README.md for the full API.
+"""
+from ._flashsci import Array, attention, build_info, cuda_device_count, device_info, CUDA_BUILT
+
+__all__ = ["Array", "attention", "build_info", "cuda_device_count", "device_info", "CUDA_BUILT"]
+__version__ = "0.1.0"
