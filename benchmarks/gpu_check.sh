@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build for its own architecture, GPU tests, compute-sanitizer, benchmark.
+#   STEPS="build test sanitize bench" BENCH_ARGS="--sets seed,protein,sweep" bash benchmarks/gpu_check.sh
+# Logs and results go under $OUT (the device tool brings them back); results also to benchmarks/results.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/flashsci-out}
+STEPS=${STEPS:-"build test sanitize bench"}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+status=0
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+
+if [[ $STEPS == *build* ]]; then
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+  t0=$(date +%s)
+  FLASHSCI_CUDA_ARCHS=${FLASHSCI_CUDA_ARCHS:-$cc} python3 -m pip install --no-build-isolation --no-deps -q -e . \
+    >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  echo "build: $(( $(date +%s) - t0 )) s for sm_$cc"
+  python3 -c "import flashsci; print(flashsci.build_info(), flashsci.device_info())"
+fi
+if [[ $STEPS == *test* ]]; then
+  python3 -m pytest -q -x tests/ ${TEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -15 || status=1
+fi
+if [[ $STEPS == *sanitize* ]]; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 python3 benchmarks/sanitize_cases.py >"$OUT/sanitize_$tool.log" 2>&1
+    echo "compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1))"
+  done
+fi
+if [[ $STEPS == *bench* ]]; then
+  python3 -m flashsci.bench ${BENCH_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -60
+fi
+exit $status

@@ -1,0 +1,429 @@
+/* Tensor-core flash attention forward for sm_80+ (Ampere, Ada, Hopper through mma.sync): fp16/bf16 in,
+ * fp32 accumulation, online softmax, one pass over K/V, no S x S buffer.
+ *
+ * Build: part of the extension (CMakeLists.txt); alone for SASS/resource checks:
+ *   nvcc -O3 -gencode=arch=compute_90,code=sm_90 -Xptxas -v -c kernels/attention_sm80.cu
+ * Run:   bash benchmarks/gpu_check.sh (GPU tests + benchmark against torch SDPA)
+ *
+ * Notation (FlashAttention-2): a block owns a query tile Q_i of Br = 16 * WARPS rows (16 per warp) and
+ * streams key/value tiles K_j, V_j of Bc rows through shared memory, keeping per row the running max
+ * m_i, the running denominator l_i and the unnormalised output O_i in registers. Scores are kept in
+ * log2 units (scale * log2 e folded in) so the exponentials are single ex2 instructions.
+ *
+ * Pipeline per KV tile (single K and V buffers, cp.async):
+ *   wait K_j; sync; issue V_j; S = Q K_j^T; mask; softmax; wait V_j; sync; issue K_{j+1}; O += P V_j
+ * Small problems (fewer blocks than SMs) split the KV range over blocks; a combine kernel merges the
+ * partial results by their logsumexp.
+ *
+ * History (H100/H200, see benchmarks/results/ for the full tables):
+ *   v1  this design; numbers in benchmarks/results/attention_*.md.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "attention_cuda.h"
+
+#define FS_DEV static __device__ __forceinline__
+#define FS_DEV_T __device__ __forceinline__ /* templates and their specialisations: no storage class */
+
+/* ---- tile configuration, one place: warps per block (Br = 16 * WARPS), Bc, Q fragments kept in
+ * registers (too many registers at D = 256, reloaded from shared memory there) ---- */
+template <int D> struct fs_tile;
+template <> struct fs_tile<32> { enum { WARPS = 4, BC = 64, Q_IN_REGS = 1 }; };
+template <> struct fs_tile<64> { enum { WARPS = 4, BC = 64, Q_IN_REGS = 1 }; };
+template <> struct fs_tile<96> { enum { WARPS = 4, BC = 64, Q_IN_REGS = 1 }; };
+template <> struct fs_tile<128> { enum { WARPS = 4, BC = 64, Q_IN_REGS = 1 }; };
+template <> struct fs_tile<256> { enum { WARPS = 4, BC = 32, Q_IN_REGS = 0 }; };
+
+/* Shared-memory row pitch in elements: a multiple of 64 so the 16-byte-chunk XOR swizzle stays in-row. */
+template <int D> struct fs_pitch { enum { VALUE = D < 64 ? 64 : (D + 63) / 64 * 64 }; };
+
+#define FS_MAX_SPLITS 16
+#define FS_COMBINE_WARPS 4
+
+/* Everything a launch needs beyond the problem: KV splits and their fp32 workspace. */
+typedef struct {
+    fs_attn_params p;
+    float scale_log2;  /* scale * log2(e) */
+    int n_qtiles, n_splits;
+    float *o_part;     /* [splits][B*H][Sq][D], each split normalised by its own l */
+    float *lse_part;   /* [splits][B*H][Sq], natural log */
+} fs_sm80_args;
+
+/* ---- PTX wrappers ---- */
+
+FS_DEV uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16-byte async copy global -> shared; zero-fills when !valid (src is then not read). */
+FS_DEV void cp_async16(uint32_t dst, const void *src, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+FS_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+FS_DEV void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+FS_DEV void ldmatrix_x4(uint32_t addr, uint32_t r[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+FS_DEV void ldmatrix_x4_trans(uint32_t addr, uint32_t r[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+/* C += A B for one m16n8k16 tile (A row-major 16x16, B column-major 16x8, C fp32). */
+template <typename T> FS_DEV_T void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
+template <> FS_DEV_T void mma16816<__half>(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> FS_DEV_T void mma16816<__nv_bfloat16>(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two floats rounded to a packed pair of T (lo in the low half). */
+template <typename T> FS_DEV_T uint32_t pack2(float lo, float hi);
+template <> FS_DEV_T uint32_t pack2<__half>(float lo, float hi)
+{
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+template <> FS_DEV_T uint32_t pack2<__nv_bfloat16>(float lo, float hi)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+template <typename T> FS_DEV_T T from_float(float x);
+template <> FS_DEV_T __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> FS_DEV_T __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+FS_DEV float exp2_approx(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Element offset of (row, col) in a swizzled tile: 16-byte chunk index XOR (row mod 8), so the eight
+ * rows one ldmatrix reads hit eight different bank groups. */
+template <int PITCH> FS_DEV int swz(int row, int col)
+{
+    return row * PITCH + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
+}
+
+/* Async-copy ROWS x D elements (row stride in elements) into a swizzled tile; rows >= valid are zeroed. */
+template <int ROWS, int D, int THREADS, typename T>
+FS_DEV void load_tile(T *tile, const T *g, int64_t stride, int valid, int tid)
+{
+    constexpr int CH = D / 8;
+#pragma unroll
+    for (int i = tid; i < ROWS * CH; i += THREADS) {
+        const int r = i / CH, c = i % CH;
+        const bool ok = r < valid;
+        cp_async16(smem_addr(tile + swz<fs_pitch<D>::VALUE>(r, c * 8)), g + (ok ? r * stride + c * 8 : 0), ok);
+    }
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(fs_tile<D>::WARPS * 32) attention_fwd_sm80(const fs_sm80_args a)
+{
+    constexpr int WARPS = fs_tile<D>::WARPS, BR = 16 * WARPS, BC = fs_tile<D>::BC, THREADS = WARPS * 32;
+    constexpr int PITCH = fs_pitch<D>::VALUE, KD = D / 16, NS = BC / 8, NO = D / 8;
+    constexpr bool Q_IN_REGS = fs_tile<D>::Q_IN_REGS;
+    extern __shared__ __align__(128) unsigned char smem[];
+    T *sQ = reinterpret_cast<T *>(smem), *sK = sQ + BR * PITCH, *sV = sK + BC * PITCH;
+
+    const fs_attn_params &p = a.p;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+
+    /* block -> (query tile, split, batch*head); query tile fastest so one head's blocks share K/V in L2,
+     * heaviest causal tiles first */
+    int bid = blockIdx.x;
+    int qt = bid % a.n_qtiles;
+    bid /= a.n_qtiles;
+    const int split = bid % a.n_splits, bh = bid / a.n_splits, b = bh / p.H, h = bh % p.H;
+    if (p.causal) qt = a.n_qtiles - 1 - qt;
+    const int q0 = qt * BR, q_rows = min(BR, p.Sq - q0);
+
+    const T *gQ = static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh + (int64_t)q0 * p.q_ss;
+    const T *gK = static_cast<const T *>(p.k) + b * p.k_sb + h * p.k_sh;
+    const T *gV = static_cast<const T *>(p.v) + b * p.v_sb + h * p.v_sh;
+
+    /* KV tiles this block visits: causal (top-left) rows q0.. see keys below q0 + BR */
+    const int kv_end = p.causal ? min(p.Sk, q0 + BR) : p.Sk;
+    const int n_kv = (kv_end + BC - 1) / BC, per_split = (n_kv + a.n_splits - 1) / a.n_splits;
+    const int t_begin = split * per_split, t_end = min(n_kv, t_begin + per_split);
+
+    load_tile<BR, D, THREADS>(sQ, gQ, p.q_ss, q_rows, tid);
+    if (t_begin < t_end) load_tile<BC, D, THREADS>(sK, gK + (int64_t)t_begin * BC * p.k_ss, p.k_ss, min(BC, p.Sk - t_begin * BC), tid);
+    cp_async_commit();
+
+    float acc_o[NO][4];
+#pragma unroll
+    for (int n = 0; n < NO; n++) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
+    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+    uint32_t qf[Q_IN_REGS ? KD : 1][4];
+    const int warp_row = q0 + warp * 16;             /* first query row of this warp */
+
+    for (int j = t_begin; j < t_end; j++) {
+        const int k0 = j * BC, kv_rows = min(BC, p.Sk - k0);
+        cp_async_wait_all();
+        __syncthreads();
+        load_tile<BC, D, THREADS>(sV, gV + (int64_t)k0 * p.v_ss, p.v_ss, kv_rows, tid);
+        cp_async_commit();
+
+        /* S = Q K_j^T (raw scores, fp32) */
+        float s[NS][4];
+#pragma unroll
+        for (int n = 0; n < NS; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) {
+            uint32_t af[4];
+            const uint32_t qaddr = smem_addr(sQ + swz<PITCH>(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+            if (Q_IN_REGS) {
+                if (j == t_begin) ldmatrix_x4(qaddr, qf[Q_IN_REGS ? kk : 0]);
+#pragma unroll
+                for (int e = 0; e < 4; e++) af[e] = qf[Q_IN_REGS ? kk : 0][e];
+            } else {
+                ldmatrix_x4(qaddr, af);
+            }
+#pragma unroll
+            for (int np = 0; np < NS / 2; np++) {
+                uint32_t bf[4];
+                const int mi = lane >> 3;
+                ldmatrix_x4(smem_addr(sK + swz<PITCH>(np * 16 + (lane & 7) + (mi >> 1) * 8, kk * 16 + (mi & 1) * 8)), bf);
+                mma16816<T>(s[2 * np], af, bf[0], bf[1]);
+                mma16816<T>(s[2 * np + 1], af, bf[2], bf[3]);
+            }
+        }
+
+        /* mask keys past Sk and, for causal, keys after the query (col > row) */
+        if (k0 + BC > p.Sk || (p.causal && k0 + BC - 1 > warp_row)) {
+#pragma unroll
+            for (int n = 0; n < NS; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int col = k0 + n * 8 + 2 * t4 + (e & 1), row = warp_row + g + (e >> 1) * 8;
+                    if (col >= p.Sk || (p.causal && col > row)) s[n][e] = -INFINITY;
+                }
+        }
+
+        /* m_new = max(m_i, rowmax(S) * scale log2e);  P = exp2(S * scale log2e - m_new);
+         * l_i = exp2(m_i - m_new) l_i + rowsum(P);  O_i = exp2(m_i - m_new) O_i */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < NS; n++) {
+                s[n][2 * r] *= a.scale_log2;
+                s[n][2 * r + 1] *= a.scale_log2;
+                mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+            const float m_new = fmaxf(m_i[r], mx), m_use = m_new == -INFINITY ? 0.f : m_new;
+            const float alpha = exp2_approx(m_i[r] - m_use);
+            m_i[r] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int n = 0; n < NS; n++) {
+                s[n][2 * r] = exp2_approx(s[n][2 * r] - m_use);
+                s[n][2 * r + 1] = exp2_approx(s[n][2 * r + 1] - m_use);
+                sum += s[n][2 * r] + s[n][2 * r + 1];
+            }
+            l_i[r] = l_i[r] * alpha + sum;
+#pragma unroll
+            for (int n = 0; n < NO; n++) {
+                acc_o[n][2 * r] *= alpha;
+                acc_o[n][2 * r + 1] *= alpha;
+            }
+        }
+
+        cp_async_wait_all();
+        __syncthreads(); /* V_j has landed, and every warp is done reading K_j */
+        if (j + 1 < t_end)
+            load_tile<BC, D, THREADS>(sK, gK + (int64_t)(k0 + BC) * p.k_ss, p.k_ss, min(BC, p.Sk - k0 - BC), tid);
+        cp_async_commit();
+
+        /* O_i += P V_j: the S accumulators of two n8 tiles are exactly the A fragment of one k16 step */
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) {
+            const uint32_t af[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                                    pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int np = 0; np < NO / 2; np++) {
+                uint32_t bf[4];
+                const int mi = lane >> 3;
+                ldmatrix_x4_trans(smem_addr(sV + swz<PITCH>(kk * 16 + (lane & 7) + (mi & 1) * 8, np * 16 + (mi >> 1) * 8)), bf);
+                mma16816<T>(acc_o[2 * np], af, bf[0], bf[1]);
+                mma16816<T>(acc_o[2 * np + 1], af, bf[2], bf[3]);
+            }
+        }
+    }
+    cp_async_wait_all();
+
+    /* l_i is summed over the four lanes that share a row; O_i / l_i; lse = (m_i + log2 l_i) ln 2 */
+    float inv[2], lse[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = l_i[r];
+        l += __shfl_xor_sync(0xffffffff, l, 1);
+        l += __shfl_xor_sync(0xffffffff, l, 2);
+        inv[r] = l > 0.f ? 1.f / l : 0.f;
+        lse[r] = l > 0.f ? (m_i[r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+    }
+    const int64_t bh_row = (int64_t)bh * p.Sq;
+
+    if (a.n_splits > 1) { /* partial result of this split, fp32, straight from registers */
+        float *op = a.o_part + ((int64_t)split * p.B * p.H * p.Sq + bh_row) * D;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = warp_row + g + r * 8;
+            if (row >= p.Sq) continue;
+#pragma unroll
+            for (int n = 0; n < NO; n++)
+                *reinterpret_cast<float2 *>(op + (int64_t)row * D + n * 8 + 2 * t4) =
+                    make_float2(acc_o[n][2 * r] * inv[r], acc_o[n][2 * r + 1] * inv[r]);
+            if (t4 == 0) a.lse_part[(int64_t)split * p.B * p.H * p.Sq + bh_row + row] = lse[r];
+        }
+        return;
+    }
+
+    /* stage this warp's 16 rows in its own rows of sQ, then 16-byte coalesced stores */
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+            *reinterpret_cast<uint32_t *>(sQ + swz<PITCH>(warp * 16 + g + r * 8, n * 8 + 2 * t4)) =
+                pack2<T>(acc_o[n][2 * r] * inv[r], acc_o[n][2 * r + 1] * inv[r]);
+    __syncwarp();
+    T *gO = static_cast<T *>(p.o) + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+    for (int i = lane; i < 16 * (D / 8); i += 32) {
+        const int r = i / (D / 8), c = i % (D / 8), row = warp_row + r;
+        if (row < p.Sq)
+            *reinterpret_cast<uint4 *>(gO + (int64_t)row * p.o_ss + c * 8) =
+                *reinterpret_cast<const uint4 *>(sQ + swz<PITCH>(warp * 16 + r, c * 8));
+    }
+    if (p.lse && t4 == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = warp_row + g + r * 8;
+            if (row < p.Sq) static_cast<float *>(p.lse)[bh_row + row] = lse[r];
+        }
+    }
+}
+
+/* Merge KV-split partials, one warp per query row:
+ * O = sum_s exp(lse_s - M) O_s / sum_s exp(lse_s - M),  lse = M + log(sum_s exp(lse_s - M)). */
+template <int D, typename T>
+__global__ void __launch_bounds__(FS_COMBINE_WARPS * 32) attention_combine_sm80(const fs_sm80_args a)
+{
+    const fs_attn_params &p = a.p;
+    const int lane = threadIdx.x & 31;
+    const int64_t rows = (int64_t)p.B * p.H * p.Sq, idx = (int64_t)blockIdx.x * FS_COMBINE_WARPS + (threadIdx.x >> 5);
+    if (idx >= rows) return;
+    float w[FS_MAX_SPLITS], mx = -INFINITY, sum = 0.f;
+    for (int s = 0; s < a.n_splits; s++) mx = fmaxf(mx, a.lse_part[s * rows + idx]);
+    for (int s = 0; s < a.n_splits; s++) {
+        w[s] = mx == -INFINITY ? 0.f : __expf(a.lse_part[s * rows + idx] - mx);
+        sum += w[s];
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int bh = (int)(idx / p.Sq), row = (int)(idx % p.Sq), b = bh / p.H, h = bh % p.H;
+    T *gO = static_cast<T *>(p.o) + b * p.o_sb + h * p.o_sh + (int64_t)row * p.o_ss;
+    for (int d = lane; d < D; d += 32) {
+        float o = 0.f;
+        for (int s = 0; s < a.n_splits; s++) o += w[s] * a.o_part[(s * rows + idx) * D + d];
+        gO[d] = from_float<T>(o * inv);
+    }
+    if (p.lse && lane == 0) static_cast<float *>(p.lse)[idx] = sum > 0.f ? mx + __logf(sum) : -INFINITY;
+}
+
+/* Raise a kernel's dynamic shared-memory limit once per device. */
+static cudaError_t prepare_kernel(const void *fn, int smem, int device, unsigned long long *done_mask)
+{
+    if (device < 64 && (*done_mask >> device) & 1ULL) return cudaSuccess;
+    cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err == cudaSuccess && device < 64) *done_mask |= 1ULL << device;
+    return err;
+}
+
+/* KV splits: only when the query tiles leave SMs idle and each split still gets two KV tiles. */
+static int choose_splits(int blocks, int n_kv, int sm_count)
+{
+    if (blocks >= sm_count || n_kv < 4) return 1;
+    int s = (sm_count + blocks - 1) / blocks;
+    s = s < n_kv / 2 ? s : n_kv / 2;
+    return s < FS_MAX_SPLITS ? s : FS_MAX_SPLITS;
+}
+
+template <int D, typename T>
+static cudaError_t launch(const fs_attn_params *p, int sm_count, cudaStream_t stream)
+{
+    constexpr int BR = 16 * fs_tile<D>::WARPS, BC = fs_tile<D>::BC, THREADS = 32 * fs_tile<D>::WARPS;
+    constexpr int SMEM = (BR + 2 * BC) * fs_pitch<D>::VALUE * (int)sizeof(T);
+    static unsigned long long prepared;
+    int device;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    if ((err = prepare_kernel((const void *)attention_fwd_sm80<D, T>, SMEM, device, &prepared)) != cudaSuccess) return err;
+
+    fs_sm80_args a;
+    a.p = *p;
+    a.scale_log2 = (float)(p->scale * 1.4426950408889634);
+    a.n_qtiles = (p->Sq + BR - 1) / BR;
+    const long long bh = (long long)p->B * p->H, blocks = bh * a.n_qtiles;
+    a.n_splits = blocks > sm_count ? 1 : choose_splits((int)blocks, (p->Sk + BC - 1) / BC, sm_count);
+    a.o_part = a.lse_part = NULL;
+    if (blocks * a.n_splits > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    if (a.n_splits > 1) {
+        const size_t rows = (size_t)bh * p->Sq * a.n_splits;
+        void *ws;
+        if ((err = cudaMallocAsync(&ws, rows * (D + 1) * sizeof(float), stream)) != cudaSuccess) return err;
+        a.o_part = (float *)ws;
+        a.lse_part = a.o_part + rows * D;
+    }
+    attention_fwd_sm80<D, T><<<(unsigned)(blocks * a.n_splits), THREADS, SMEM, stream>>>(a);
+    err = cudaGetLastError();
+    if (a.n_splits > 1) {
+        if (err == cudaSuccess) {
+            const long long rows = bh * p->Sq;
+            attention_combine_sm80<D, T><<<(unsigned)((rows + FS_COMBINE_WARPS - 1) / FS_COMBINE_WARPS), FS_COMBINE_WARPS * 32, 0, stream>>>(a);
+            err = cudaGetLastError();
+        }
+        cudaError_t ferr = cudaFreeAsync(a.o_part, stream);
+        if (err == cudaSuccess) err = ferr;
+    }
+    return err;
+}
+
+template <typename T>
+static cudaError_t launch_dtype(const fs_attn_params *p, int sm_count, cudaStream_t stream)
+{
+    switch (p->D) {
+    case 32: return launch<32, T>(p, sm_count, stream);
+    case 64: return launch<64, T>(p, sm_count, stream);
+    case 96: return launch<96, T>(p, sm_count, stream);
+    case 128: return launch<128, T>(p, sm_count, stream);
+    case 256: return launch<256, T>(p, sm_count, stream);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+extern "C" cudaError_t fs_attention_sm80(const fs_attn_params *p, int sm_count, cudaStream_t stream)
+{
+    if (p->dtype == FS_F16) return launch_dtype<__half>(p, sm_count, stream);
+    if (p->dtype == FS_BF16) return launch_dtype<__nv_bfloat16>(p, sm_count, stream);
+    return cudaErrorInvalidValue;
+}

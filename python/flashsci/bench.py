@@ -1,0 +1,283 @@
+"""Benchmark flashsci.attention.
+
+    python -m flashsci.bench                      # GPU + torch: seed, protein and sweep configs vs torch SDPA
+                                                  # CPU-only machine: the C CPU path on its default configs
+    python -m flashsci.bench --sets seed --out benchmarks/results
+
+On the GPU every config is timed in one run for flashsci and torch SDPA (default, and each backend: flash,
+cudnn, efficient): kernel time by CUDA-graph replay over input sets that together exceed the L2, per-call
+time of back-to-back Python calls, flashsci's host overhead alone (the loop time of calls that do not wait
+for the GPU), TFLOP/s (4*B*H*Sq*Sk*D, half for causal), and the max difference to SDPA's output.
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import flashsci
+
+SEED = [(1, 1, 32, 64), (1, 1, 64, 64), (1, 1, 128, 64), (1, 1, 256, 64), (1, 1, 512, 64), (4, 8, 128, 64),
+        (8, 8, 128, 64), (8, 8, 256, 64), (16, 8, 512, 64)]
+PROTEIN = {"ESM2-3B": (8, 40, 1024, 64), "ESM-C-600M": (8, 18, 1024, 64), "ProtT5-XL": (8, 32, 1024, 128),
+           "long": (1, 40, 6144, 64)}
+SWEEP = [(16384 // s, 2048 // d, s, d) for d in (64, 128) for s in (512, 1024, 2048, 4096, 8192, 16384)]
+CPU_CONFIGS = [(1, 8, 256, 64), (2, 8, 512, 64), (1, 4, 1024, 64), (1, 8, 512, 128)]
+
+
+def flops(b, h, sq, sk, d, causal):
+    f = 4.0 * b * h * sq * sk * d
+    return f / 2 if causal else f
+
+
+def gpu_configs(sets):
+    out = []
+    if "seed" in sets:
+        out += [("seed", c, False) for c in SEED]
+    if "protein" in sets:
+        out += [(name, c, False) for name, c in PROTEIN.items()]
+    if "sweep" in sets:
+        out += [("sweep", c, causal) for causal in (False, True) for c in SWEEP]
+    return out
+
+
+# ---------------------------------------------------------------- GPU (torch as the reference point)
+
+def _median_event_time_us(torch, replay, calls, iters=15):
+    times = []
+    for _ in range(iters):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def graph_kernel_time_us(torch, fn, inputs):
+    """Median per-call device time of fn over rotating input sets, from CUDA-graph replay."""
+    calls = max(len(inputs), 20)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for x in inputs:
+            fn(*x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(*inputs[i % len(inputs)])
+    graph.replay()
+    torch.cuda.synchronize()
+    t = _median_event_time_us(torch, graph.replay, calls)
+    del graph
+    return t
+
+
+def per_call_us(torch, fn, x, n=300, sync=True):
+    """Median wall time per call of n back-to-back calls (sync=False: the host loop alone)."""
+    for _ in range(20):
+        fn(*x)
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(*x)
+        if sync:
+            torch.cuda.synchronize()
+        runs.append((time.perf_counter() - t0) * 1e6 / n)
+        torch.cuda.synchronize()
+    return statistics.median(runs)
+
+
+def run_gpu(sets, dtype_name, out_dir):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    F = torch.nn.functional
+    dtype = getattr(torch, dtype_name)
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 << 20)
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    rows = []
+    print(f"GPU: {props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}; dtype {dtype_name}", flush=True)
+    for group, (b, h, s, d), causal in gpu_configs(sets):
+        set_bytes = 4 * b * h * s * d * 2
+        n_sets = max(1, min(64, math.ceil(2 * l2 / set_bytes)))
+        inputs = [tuple(torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3)) for _ in range(n_sets)]
+        fs = lambda q, k, v: flashsci.attention(q, k, v, causal=causal)
+        sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        q, k, v = inputs[0]
+        ref = sdpa(q, k, v)
+        row = {"group": group, "B": b, "H": h, "Sq": s, "Sk": s, "D": d, "causal": causal, "dtype": dtype_name,
+               "max_abs_diff_vs_sdpa": (fs(q, k, v).float() - ref.float()).abs().max().item()}
+        fl = flops(b, h, s, s, d, causal)
+        row["flashsci_kernel_us"] = graph_kernel_time_us(torch, fs, inputs)
+        row["sdpa_kernel_us"] = graph_kernel_time_us(torch, sdpa, inputs)
+        for name, be in backends.items():
+            try:
+                with sdpa_kernel(be):
+                    row[f"{name}_kernel_us"] = graph_kernel_time_us(torch, sdpa, inputs)
+            except RuntimeError:
+                row[f"{name}_kernel_us"] = None
+        row["flashsci_per_call_us"] = per_call_us(torch, fs, inputs[0])
+        row["sdpa_per_call_us"] = per_call_us(torch, sdpa, inputs[0])
+        row["flashsci_host_us"] = per_call_us(torch, fs, inputs[0], n=100, sync=False)
+        for name in ("flashsci", "sdpa", "flash", "cudnn", "efficient"):
+            t = row[f"{name}_kernel_us"]
+            row[f"{name}_tflops"] = fl / t / 1e6 if t else None
+        best = min(t for t in (row["flash_kernel_us"], row["cudnn_kernel_us"], row["efficient_kernel_us"],
+                               row["sdpa_kernel_us"]) if t)
+        row["ratio_kernel_vs_flash"] = row["flashsci_kernel_us"] / row["flash_kernel_us"] if row["flash_kernel_us"] else None
+        row["ratio_kernel_vs_best"] = row["flashsci_kernel_us"] / best
+        row["ratio_per_call_vs_sdpa"] = row["flashsci_per_call_us"] / row["sdpa_per_call_us"]
+        rows.append(row)
+        print(_fmt_gpu_row(row), flush=True)
+        del inputs, q, k, v, ref
+        torch.cuda.empty_cache()
+    meta = {"gpu": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
+            "cudnn": torch.backends.cudnn.version(), "flashsci_build": flashsci.build_info(), "dtype": dtype_name,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node()}
+    _print_gpu_table(rows, meta)
+    if out_dir:
+        _write_results(out_dir, f"attention_{_slug(props.name)}_{dtype_name}", meta, rows, _gpu_markdown(rows, meta))
+    return rows
+
+
+def _fmt(x, spec=".1f"):
+    return "-" if x is None else format(x, spec)
+
+
+GPU_COLS = [("config", 22), ("causal", 6), ("fs us", 8), ("flash us", 8), ("cudnn us", 8), ("fs TF/s", 7),
+            ("flash TF/s", 10), ("cudnn TF/s", 10), ("fs/flash", 8), ("fs/best", 7), ("fs call", 7),
+            ("sdpa call", 9), ("call ratio", 10), ("fs host", 7), ("max diff", 8)]
+
+
+def _gpu_cells(r):
+    return [f"{r['group']} {r['B']}x{r['H']}x{r['Sq']}x{r['D']}", "yes" if r["causal"] else "no",
+            _fmt(r["flashsci_kernel_us"]), _fmt(r["flash_kernel_us"]), _fmt(r["cudnn_kernel_us"]),
+            _fmt(r["flashsci_tflops"]), _fmt(r["flash_tflops"]), _fmt(r["cudnn_tflops"]),
+            _fmt(r["ratio_kernel_vs_flash"], ".2f"), _fmt(r["ratio_kernel_vs_best"], ".2f"),
+            _fmt(r["flashsci_per_call_us"]), _fmt(r["sdpa_per_call_us"]), _fmt(r["ratio_per_call_vs_sdpa"], ".2f"),
+            _fmt(r["flashsci_host_us"]), _fmt(r["max_abs_diff_vs_sdpa"], ".1e")]
+
+
+def _fmt_gpu_row(r):
+    return " ".join(c.rjust(w) for c, (_, w) in zip(_gpu_cells(r), GPU_COLS))
+
+
+def _print_gpu_table(rows, meta):
+    print(f"\nflashsci vs torch SDPA on {meta['gpu']} ({meta['dtype']}; kernel = CUDA-graph replay, call = "
+          "back-to-back Python calls, host = flashsci host overhead; times in us)")
+    print(" ".join(n.rjust(w) for n, w in GPU_COLS))
+    for r in rows:
+        print(_fmt_gpu_row(r))
+
+
+def _gpu_markdown(rows, meta):
+    lines = [f"# flashsci attention vs torch SDPA — {meta['gpu']}", "",
+             f"torch {meta['torch']}, cuDNN {meta['cudnn']}, dtype {meta['dtype']}, {meta['date']}. "
+             "Kernel times by CUDA-graph replay over input sets larger than L2 (median); per-call = back-to-back "
+             "Python calls including host overhead; TF/s = 4·B·H·S²·D (half for causal) / kernel time.", "",
+             "| " + " | ".join(n for n, _ in GPU_COLS) + " |", "|" + "---|" * len(GPU_COLS)]
+    lines += ["| " + " | ".join(_gpu_cells(r)) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- CPU
+
+def _numpy_attention(q, k, v):
+    s = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    s = np.exp(s - s.max(-1, keepdims=True))
+    return (s / s.sum(-1, keepdims=True)) @ v
+
+
+def _median_wall_us(fn, reps):
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(ts)
+
+
+def run_cpu(out_dir, reps=5):
+    rng = np.random.default_rng(0)
+    rows = []
+    threads = flashsci.build_info()["num_threads"]
+    print(f"CPU path ({platform.processor() or platform.machine()}, {threads} threads); NumPy = S x S softmax in float32")
+    print(f"{'config':>20} {'dtype':>8} {'flashsci ms':>12} {'GFLOP/s':>8} {'numpy ms':>9} {'speedup':>8} {'max diff':>9}")
+    for (b, h, s, d) in CPU_CONFIGS:
+        for dt in ("float32", "float16"):
+            q, k, v = (rng.standard_normal((b, h, s, d)).astype(dt) for _ in range(3))
+            t_fs = _median_wall_us(lambda: flashsci.attention(q, k, v), reps)
+            q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
+            t_np = _median_wall_us(lambda: _numpy_attention(q32, k32, v32), reps)
+            diff = float(np.abs(flashsci.attention(q, k, v).astype(np.float64) - _numpy_attention(q32, k32, v32)).max())
+            row = {"B": b, "H": h, "S": s, "D": d, "dtype": dt, "flashsci_ms": t_fs / 1e3, "numpy_ms": t_np / 1e3,
+                   "gflops": flops(b, h, s, s, d, False) / t_fs / 1e3, "speedup_vs_numpy": t_np / t_fs,
+                   "max_abs_diff_vs_numpy": diff}
+            rows.append(row)
+            print(f"{f'{b}x{h}x{s}x{d}':>20} {dt:>8} {row['flashsci_ms']:>12.2f} {row['gflops']:>8.1f} "
+                  f"{row['numpy_ms']:>9.2f} {row['speedup_vs_numpy']:>8.2f} {diff:>9.1e}")
+    meta = {"device": "cpu", "machine": platform.machine(), "threads": threads, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if out_dir:
+        md = ["# flashsci CPU attention", "", f"{threads} threads, {meta['date']}", "",
+              "| config | dtype | flashsci ms | GFLOP/s | NumPy ms | speedup | max diff |", "|---|---|---|---|---|---|---|"]
+        md += [f"| {r['B']}x{r['H']}x{r['S']}x{r['D']} | {r['dtype']} | {r['flashsci_ms']:.2f} | {r['gflops']:.1f} | "
+               f"{r['numpy_ms']:.2f} | {r['speedup_vs_numpy']:.2f} | {r['max_abs_diff_vs_numpy']:.1e} |" for r in rows]
+        _write_results(out_dir, "attention_cpu", meta, rows, "\n".join(md) + "\n")
+    return rows
+
+
+# ---------------------------------------------------------------- shared
+
+def _slug(name):
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
+
+
+def _write_results(out_dir, stem, meta, rows, markdown):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, stem + ".json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    with open(os.path.join(out_dir, stem + ".md"), "w") as f:
+        f.write(markdown)
+    print(f"wrote {os.path.join(out_dir, stem)}.json/.md")
+
+
+def _gpu_ready():
+    if flashsci.cuda_device_count() == 0:
+        return False
+    try:
+        import torch
+    except ImportError:
+        print("a CUDA device is present but torch is not installed: the GPU benchmark compares with torch SDPA",
+              file=sys.stderr)
+        return False
+    return torch.cuda.is_available()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m flashsci.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sets", default="seed,protein,sweep", help="GPU config sets: seed, protein, sweep")
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    ap.add_argument("--out", default=None, help="folder for JSON + markdown results")
+    ap.add_argument("--cpu", action="store_true", help="run the CPU benchmark even when a GPU is present")
+    args = ap.parse_args(argv)
+    if _gpu_ready() and not args.cpu:
+        run_gpu(set(args.sets.split(",")), args.dtype, args.out)
+    else:
+        run_cpu(args.out)
+
+
+if __name__ == "__main__":
+    main()
