@@ -15,6 +15,7 @@ if [[ $STEPS == *build* ]]; then
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
   t0=$(date +%s)
   FLASHSCI_CUDA_ARCHS=${FLASHSCI_CUDA_ARCHS:-$cc} python3 -m pip install --no-build-isolation --no-deps -q -e . \
+    ${CUDA_FLAGS:+-C "cmake.define.CMAKE_CUDA_FLAGS=$CUDA_FLAGS"} \
     >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   echo "build: $(( $(date +%s) - t0 )) s for sm_$cc"
   python3 -c "import flashsci; print(flashsci.build_info(), flashsci.device_info())"
@@ -27,6 +28,9 @@ if [[ $STEPS == *sanitize* ]]; then
     compute-sanitizer --tool $tool --error-exitcode 9 python3 benchmarks/sanitize_cases.py >"$OUT/sanitize_$tool.log" 2>&1
     echo "compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1))"
   done
+fi
+if [[ $STEPS == *host* ]]; then
+  python3 benchmarks/host_overhead.py --out "$OUT" 2>&1 | tee "$OUT/host.log"
 fi
 if [[ $STEPS == *bench* ]]; then
   python3 -m flashsci.bench ${BENCH_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -60

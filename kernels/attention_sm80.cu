@@ -28,14 +28,30 @@
 #define FS_DEV static __device__ __forceinline__
 #define FS_DEV_T __device__ __forceinline__ /* templates and their specialisations: no storage class */
 
-/* ---- tile configuration, one place: warps per block (Br = 16 * WARPS), Bc, Q fragments kept in
- * registers (too many registers at D = 256, reloaded from shared memory there) ---- */
+/* ---- tile configuration, one place: warps per block, m16 row tiles per warp (Br = 16 * MT * WARPS),
+ * Bc, cp.async ring depth, and whether Q fragments stay in registers (else reloaded per KV tile) ---- */
+template <int W, int M, int B, int S, int Q> struct fs_cfg { enum { WARPS = W, MT = M, BC = B, STAGES = S, Q_IN_REGS = Q }; };
+#ifndef FS_TILE_D32
+#define FS_TILE_D32 4, 2, 64, 3, 1
+#endif
+#ifndef FS_TILE_D64
+#define FS_TILE_D64 4, 2, 64, 3, 1
+#endif
+#ifndef FS_TILE_D96
+#define FS_TILE_D96 4, 2, 32, 3, 0
+#endif
+#ifndef FS_TILE_D128
+#define FS_TILE_D128 4, 2, 32, 3, 0
+#endif
+#ifndef FS_TILE_D256
+#define FS_TILE_D256 4, 1, 32, 3, 0
+#endif
 template <int D> struct fs_tile;
-template <> struct fs_tile<32> { enum { WARPS = 4, BC = 64, Q_IN_REGS = 1 }; };
-template <> struct fs_tile<64> { enum { WARPS = 4, BC = 64, Q_IN_REGS = 1 }; };
-template <> struct fs_tile<96> { enum { WARPS = 4, BC = 64, Q_IN_REGS = 1 }; };
-template <> struct fs_tile<128> { enum { WARPS = 4, BC = 64, Q_IN_REGS = 1 }; };
-template <> struct fs_tile<256> { enum { WARPS = 4, BC = 32, Q_IN_REGS = 0 }; };
+template <> struct fs_tile<32> : fs_cfg<FS_TILE_D32> {};
+template <> struct fs_tile<64> : fs_cfg<FS_TILE_D64> {};
+template <> struct fs_tile<96> : fs_cfg<FS_TILE_D96> {};
+template <> struct fs_tile<128> : fs_cfg<FS_TILE_D128> {};
+template <> struct fs_tile<256> : fs_cfg<FS_TILE_D256> {};
 
 /* Shared-memory row pitch in elements: a multiple of 64 so the 16-byte-chunk XOR swizzle stays in-row. */
 template <int D> struct fs_pitch { enum { VALUE = D < 64 ? 64 : (D + 63) / 64 * 64 }; };
@@ -62,7 +78,7 @@ FS_DEV void cp_async16(uint32_t dst, const void *src, bool valid)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 FS_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-FS_DEV void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+template <int N> FS_DEV_T void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 FS_DEV void ldmatrix_x4(uint32_t addr, uint32_t r[4])
 {
@@ -137,11 +153,12 @@ FS_DEV void load_tile(T *tile, const T *g, int64_t stride, int valid, int tid)
 template <int D, typename T>
 __global__ void __launch_bounds__(fs_tile<D>::WARPS * 32) attention_fwd_sm80(const fs_sm80_args a)
 {
-    constexpr int WARPS = fs_tile<D>::WARPS, BR = 16 * WARPS, BC = fs_tile<D>::BC, THREADS = WARPS * 32;
+    constexpr int WARPS = fs_tile<D>::WARPS, MT = fs_tile<D>::MT, BC = fs_tile<D>::BC, STAGES = fs_tile<D>::STAGES;
+    constexpr int BR = 16 * MT * WARPS, THREADS = WARPS * 32, WR = 16 * MT; /* WR: rows per warp */
     constexpr int PITCH = fs_pitch<D>::VALUE, KD = D / 16, NS = BC / 8, NO = D / 8;
     constexpr bool Q_IN_REGS = fs_tile<D>::Q_IN_REGS;
     extern __shared__ __align__(128) unsigned char smem[];
-    T *sQ = reinterpret_cast<T *>(smem), *sK = sQ + BR * PITCH, *sV = sK + BC * PITCH;
+    T *sQ = reinterpret_cast<T *>(smem), *sKV = sQ + BR * PITCH; /* ring: stage s holds K at 2s, V at 2s+1 */
 
     const fs_attn_params &p = a.p;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -164,163 +181,208 @@ __global__ void __launch_bounds__(fs_tile<D>::WARPS * 32) attention_fwd_sm80(con
     const int n_kv = (kv_end + BC - 1) / BC, per_split = (n_kv + a.n_splits - 1) / a.n_splits;
     const int t_begin = split * per_split, t_end = min(n_kv, t_begin + per_split);
 
+    /* issue K_t, V_t into ring stage t % STAGES (nothing past t_end; the group is committed regardless) */
+    auto load_kv = [&](int t) {
+        if (t < t_end) {
+            T *st = sKV + (t % STAGES) * 2 * BC * PITCH;
+            const int rows = min(BC, p.Sk - t * BC);
+            load_tile<BC, D, THREADS>(st, gK + (int64_t)t * BC * p.k_ss, p.k_ss, rows, tid);
+            load_tile<BC, D, THREADS>(st + BC * PITCH, gV + (int64_t)t * BC * p.v_ss, p.v_ss, rows, tid);
+        }
+        cp_async_commit();
+    };
     load_tile<BR, D, THREADS>(sQ, gQ, p.q_ss, q_rows, tid);
-    if (t_begin < t_end) load_tile<BC, D, THREADS>(sK, gK + (int64_t)t_begin * BC * p.k_ss, p.k_ss, min(BC, p.Sk - t_begin * BC), tid);
-    cp_async_commit();
+    for (int s = 0; s < STAGES - 1; s++) load_kv(t_begin + s);
 
-    float acc_o[NO][4];
+    float acc_o[MT][NO][4];
+    float m_i[MT][2], l_i[MT][2];
 #pragma unroll
-    for (int n = 0; n < NO; n++) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
-    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
-    uint32_t qf[Q_IN_REGS ? KD : 1][4];
-    const int warp_row = q0 + warp * 16;             /* first query row of this warp */
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int n = 0; n < NO; n++) acc_o[mt][n][0] = acc_o[mt][n][1] = acc_o[mt][n][2] = acc_o[mt][n][3] = 0.f;
+        m_i[mt][0] = m_i[mt][1] = -INFINITY;
+        l_i[mt][0] = l_i[mt][1] = 0.f;
+    }
+    uint32_t qf[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KD : 1][4];
+    const int warp_row = q0 + warp * WR; /* first query row of this warp */
+    /* scores are scaled by scale*log2(e) inside the exponent (one FFMA); a non-positive scale is applied
+     * up front instead, so that the row max stays the max of the scaled scores */
+    const bool prescale = a.scale_log2 <= 0.f;
+    const float mul = prescale ? 1.f : a.scale_log2;
 
     for (int j = t_begin; j < t_end; j++) {
-        const int k0 = j * BC, kv_rows = min(BC, p.Sk - k0);
-        cp_async_wait_all();
-        __syncthreads();
-        load_tile<BC, D, THREADS>(sV, gV + (int64_t)k0 * p.v_ss, p.v_ss, kv_rows, tid);
-        cp_async_commit();
+        cp_async_wait<STAGES - 2>();
+        __syncthreads(); /* tile j has landed for all threads; every warp is done with tile j - 1's stage */
+        load_kv(j + STAGES - 1);
+        const T *sK = sKV + (j % STAGES) * 2 * BC * PITCH, *sV = sK + BC * PITCH;
+        const int k0 = j * BC;
 
-        /* S = Q K_j^T (raw scores, fp32) */
-        float s[NS][4];
+        /* S = Q K_j^T (raw scores, fp32); each K fragment feeds MT row tiles */
+        float s[MT][NS][4];
 #pragma unroll
-        for (int n = 0; n < NS; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int n = 0; n < NS; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
-            uint32_t af[4];
-            const uint32_t qaddr = smem_addr(sQ + swz<PITCH>(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-            if (Q_IN_REGS) {
-                if (j == t_begin) ldmatrix_x4(qaddr, qf[Q_IN_REGS ? kk : 0]);
+            uint32_t af[MT][4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) af[e] = qf[Q_IN_REGS ? kk : 0][e];
-            } else {
-                ldmatrix_x4(qaddr, af);
+            for (int mt = 0; mt < MT; mt++) {
+                const uint32_t qaddr = smem_addr(sQ + swz<PITCH>(warp * WR + mt * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+                if (Q_IN_REGS) {
+                    if (j == t_begin) ldmatrix_x4(qaddr, qf[Q_IN_REGS ? mt : 0][Q_IN_REGS ? kk : 0]);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) af[mt][e] = qf[Q_IN_REGS ? mt : 0][Q_IN_REGS ? kk : 0][e];
+                } else {
+                    ldmatrix_x4(qaddr, af[mt]);
+                }
             }
 #pragma unroll
             for (int np = 0; np < NS / 2; np++) {
                 uint32_t bf[4];
                 const int mi = lane >> 3;
                 ldmatrix_x4(smem_addr(sK + swz<PITCH>(np * 16 + (lane & 7) + (mi >> 1) * 8, kk * 16 + (mi & 1) * 8)), bf);
-                mma16816<T>(s[2 * np], af, bf[0], bf[1]);
-                mma16816<T>(s[2 * np + 1], af, bf[2], bf[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma16816<T>(s[mt][2 * np], af[mt], bf[0], bf[1]);
+                    mma16816<T>(s[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+                }
             }
         }
 
+        if (prescale)
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int n = 0; n < NS; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[mt][n][e] *= a.scale_log2;
         /* mask keys past Sk and, for causal, keys after the query (col > row) */
         if (k0 + BC > p.Sk || (p.causal && k0 + BC - 1 > warp_row)) {
 #pragma unroll
-            for (int n = 0; n < NS; n++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int col = k0 + n * 8 + 2 * t4 + (e & 1), row = warp_row + g + (e >> 1) * 8;
-                    if (col >= p.Sk || (p.causal && col > row)) s[n][e] = -INFINITY;
-                }
+                for (int n = 0; n < NS; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int col = k0 + n * 8 + 2 * t4 + (e & 1), row = warp_row + mt * 16 + g + (e >> 1) * 8;
+                        if (col >= p.Sk || (p.causal && col > row)) s[mt][n][e] = -INFINITY;
+                    }
         }
 
-        /* m_new = max(m_i, rowmax(S) * scale log2e);  P = exp2(S * scale log2e - m_new);
+        /* m_new = max(m_i, rowmax(S) * c), c = scale log2e;  P = exp2(S c - m_new);
          * l_i = exp2(m_i - m_new) l_i + rowsum(P);  O_i = exp2(m_i - m_new) O_i */
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int n = 0; n < NS; n++) {
-                s[n][2 * r] *= a.scale_log2;
-                s[n][2 * r + 1] *= a.scale_log2;
-                mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-            }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-            const float m_new = fmaxf(m_i[r], mx), m_use = m_new == -INFINITY ? 0.f : m_new;
-            const float alpha = exp2_approx(m_i[r] - m_use);
-            m_i[r] = m_new;
-            float sum = 0.f;
+            for (int r = 0; r < 2; r++) {
+                float mx = -INFINITY;
 #pragma unroll
-            for (int n = 0; n < NS; n++) {
-                s[n][2 * r] = exp2_approx(s[n][2 * r] - m_use);
-                s[n][2 * r + 1] = exp2_approx(s[n][2 * r + 1] - m_use);
-                sum += s[n][2 * r] + s[n][2 * r + 1];
-            }
-            l_i[r] = l_i[r] * alpha + sum;
+                for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                const float m_new = fmaxf(m_i[mt][r], mx * mul), m_use = m_new == -INFINITY ? 0.f : m_new;
+                const float alpha = exp2_approx(m_i[mt][r] - m_use);
+                m_i[mt][r] = m_new;
+                float sum = 0.f;
 #pragma unroll
-            for (int n = 0; n < NO; n++) {
-                acc_o[n][2 * r] *= alpha;
-                acc_o[n][2 * r + 1] *= alpha;
+                for (int n = 0; n < NS; n++) {
+                    s[mt][n][2 * r] = exp2_approx(fmaf(s[mt][n][2 * r], mul, -m_use));
+                    s[mt][n][2 * r + 1] = exp2_approx(fmaf(s[mt][n][2 * r + 1], mul, -m_use));
+                    sum += s[mt][n][2 * r] + s[mt][n][2 * r + 1];
+                }
+                l_i[mt][r] = l_i[mt][r] * alpha + sum;
+#pragma unroll
+                for (int n = 0; n < NO; n++) {
+                    acc_o[mt][n][2 * r] *= alpha;
+                    acc_o[mt][n][2 * r + 1] *= alpha;
+                }
             }
-        }
-
-        cp_async_wait_all();
-        __syncthreads(); /* V_j has landed, and every warp is done reading K_j */
-        if (j + 1 < t_end)
-            load_tile<BC, D, THREADS>(sK, gK + (int64_t)(k0 + BC) * p.k_ss, p.k_ss, min(BC, p.Sk - k0 - BC), tid);
-        cp_async_commit();
 
         /* O_i += P V_j: the S accumulators of two n8 tiles are exactly the A fragment of one k16 step */
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) {
-            const uint32_t af[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                                    pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            uint32_t af[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                af[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                af[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                af[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                af[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int np = 0; np < NO / 2; np++) {
                 uint32_t bf[4];
                 const int mi = lane >> 3;
                 ldmatrix_x4_trans(smem_addr(sV + swz<PITCH>(kk * 16 + (lane & 7) + (mi & 1) * 8, np * 16 + (mi >> 1) * 8)), bf);
-                mma16816<T>(acc_o[2 * np], af, bf[0], bf[1]);
-                mma16816<T>(acc_o[2 * np + 1], af, bf[2], bf[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma16816<T>(acc_o[mt][2 * np], af[mt], bf[0], bf[1]);
+                    mma16816<T>(acc_o[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+                }
             }
         }
     }
-    cp_async_wait_all();
+    cp_async_wait<0>();
 
     /* l_i is summed over the four lanes that share a row; O_i / l_i; lse = (m_i + log2 l_i) ln 2 */
-    float inv[2], lse[2];
+    float inv[MT][2], lse[MT][2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float l = l_i[r];
-        l += __shfl_xor_sync(0xffffffff, l, 1);
-        l += __shfl_xor_sync(0xffffffff, l, 2);
-        inv[r] = l > 0.f ? 1.f / l : 0.f;
-        lse[r] = l > 0.f ? (m_i[r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
-    }
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float l = l_i[mt][r];
+            l += __shfl_xor_sync(0xffffffff, l, 1);
+            l += __shfl_xor_sync(0xffffffff, l, 2);
+            inv[mt][r] = l > 0.f ? 1.f / l : 0.f;
+            lse[mt][r] = l > 0.f ? (m_i[mt][r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+        }
     const int64_t bh_row = (int64_t)bh * p.Sq;
 
     if (a.n_splits > 1) { /* partial result of this split, fp32, straight from registers */
-        float *op = a.o_part + ((int64_t)split * p.B * p.H * p.Sq + bh_row) * D;
+        const int64_t part = (int64_t)split * p.B * p.H * p.Sq + bh_row;
+        float *op = a.o_part + part * D;
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int row = warp_row + g + r * 8;
-            if (row >= p.Sq) continue;
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int n = 0; n < NO; n++)
-                *reinterpret_cast<float2 *>(op + (int64_t)row * D + n * 8 + 2 * t4) =
-                    make_float2(acc_o[n][2 * r] * inv[r], acc_o[n][2 * r + 1] * inv[r]);
-            if (t4 == 0) a.lse_part[(int64_t)split * p.B * p.H * p.Sq + bh_row + row] = lse[r];
-        }
+            for (int r = 0; r < 2; r++) {
+                const int row = warp_row + mt * 16 + g + r * 8;
+                if (row >= p.Sq) continue;
+#pragma unroll
+                for (int n = 0; n < NO; n++)
+                    *reinterpret_cast<float2 *>(op + (int64_t)row * D + n * 8 + 2 * t4) =
+                        make_float2(acc_o[mt][n][2 * r] * inv[mt][r], acc_o[mt][n][2 * r + 1] * inv[mt][r]);
+                if (t4 == 0) a.lse_part[part + row] = lse[mt][r];
+            }
         return;
     }
 
-    /* stage this warp's 16 rows in its own rows of sQ, then 16-byte coalesced stores */
+    /* stage this warp's rows in its own rows of sQ, then 16-byte coalesced stores */
 #pragma unroll
-    for (int r = 0; r < 2; r++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int n = 0; n < NO; n++)
-            *reinterpret_cast<uint32_t *>(sQ + swz<PITCH>(warp * 16 + g + r * 8, n * 8 + 2 * t4)) =
-                pack2<T>(acc_o[n][2 * r] * inv[r], acc_o[n][2 * r + 1] * inv[r]);
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int n = 0; n < NO; n++)
+                *reinterpret_cast<uint32_t *>(sQ + swz<PITCH>(warp * WR + mt * 16 + g + r * 8, n * 8 + 2 * t4)) =
+                    pack2<T>(acc_o[mt][n][2 * r] * inv[mt][r], acc_o[mt][n][2 * r + 1] * inv[mt][r]);
     __syncwarp();
     T *gO = static_cast<T *>(p.o) + b * p.o_sb + h * p.o_sh;
 #pragma unroll
-    for (int i = lane; i < 16 * (D / 8); i += 32) {
+    for (int i = lane; i < WR * (D / 8); i += 32) {
         const int r = i / (D / 8), c = i % (D / 8), row = warp_row + r;
         if (row < p.Sq)
             *reinterpret_cast<uint4 *>(gO + (int64_t)row * p.o_ss + c * 8) =
-                *reinterpret_cast<const uint4 *>(sQ + swz<PITCH>(warp * 16 + r, c * 8));
+                *reinterpret_cast<const uint4 *>(sQ + swz<PITCH>(warp * WR + r, c * 8));
     }
     if (p.lse && t4 == 0) {
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int row = warp_row + g + r * 8;
-            if (row < p.Sq) static_cast<float *>(p.lse)[bh_row + row] = lse[r];
-        }
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int row = warp_row + mt * 16 + g + r * 8;
+                if (row < p.Sq) static_cast<float *>(p.lse)[bh_row + row] = lse[mt][r];
+            }
     }
 }
 
@@ -359,6 +421,58 @@ static cudaError_t prepare_kernel(const void *fn, int smem, int device, unsigned
     return err;
 }
 
+/* Split-KV workspace. Outside graph capture, one cached buffer per (device, stream): every use of it is
+ * ordered on its stream, so reuse is race-free and costs no allocation. Under capture the graph owns a
+ * stream-ordered allocation instead (a cached pointer baked into a graph could be freed later). */
+#define FS_WS_SLOTS 16
+typedef struct { int device; cudaStream_t stream; void *ptr; size_t bytes; } fs_ws_slot;
+static fs_ws_slot ws_slots[FS_WS_SLOTS];
+static int ws_next_evict;
+
+static int stream_capturing(cudaStream_t stream)
+{
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(stream, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone;
+}
+
+/* Hand out at least bytes of workspace ordered on stream. */
+static cudaError_t workspace_get(int device, cudaStream_t stream, size_t bytes, void **ptr)
+{
+    if (stream_capturing(stream)) return cudaMallocAsync(ptr, bytes, stream);
+    fs_ws_slot *slot = NULL;
+    for (int i = 0; i < FS_WS_SLOTS && !slot; i++)
+        if (ws_slots[i].ptr && ws_slots[i].device == device && ws_slots[i].stream == stream) slot = &ws_slots[i];
+    for (int i = 0; i < FS_WS_SLOTS && !slot; i++)
+        if (!ws_slots[i].ptr) slot = &ws_slots[i];
+    if (!slot) { /* all slots taken by other streams: free one (cudaFree waits for its pending work) */
+        slot = &ws_slots[ws_next_evict++ % FS_WS_SLOTS];
+        cudaError_t err = cudaFree(slot->ptr);
+        slot->ptr = NULL;
+        if (err != cudaSuccess) return err;
+    }
+    if (slot->ptr && slot->bytes < bytes) {
+        cudaError_t err = cudaFreeAsync(slot->ptr, stream);
+        slot->ptr = NULL;
+        if (err != cudaSuccess) return err;
+    }
+    if (!slot->ptr) {
+        bytes = bytes < (1u << 20) ? (1u << 20) : bytes + bytes / 4;
+        cudaError_t err = cudaMallocAsync(&slot->ptr, bytes, stream);
+        if (err != cudaSuccess) { slot->ptr = NULL; return err; }
+        slot->device = device;
+        slot->stream = stream;
+        slot->bytes = bytes;
+    }
+    *ptr = slot->ptr;
+    return cudaSuccess;
+}
+
+/* Give back workspace from workspace_get: only the capture-time allocation is freed. */
+static cudaError_t workspace_release(cudaStream_t stream, void *ptr)
+{
+    return stream_capturing(stream) ? cudaFreeAsync(ptr, stream) : cudaSuccess;
+}
+
 /* KV splits: only when the query tiles leave SMs idle and each split still gets two KV tiles. */
 static int choose_splits(int blocks, int n_kv, int sm_count)
 {
@@ -371,8 +485,8 @@ static int choose_splits(int blocks, int n_kv, int sm_count)
 template <int D, typename T>
 static cudaError_t launch(const fs_attn_params *p, int sm_count, cudaStream_t stream)
 {
-    constexpr int BR = 16 * fs_tile<D>::WARPS, BC = fs_tile<D>::BC, THREADS = 32 * fs_tile<D>::WARPS;
-    constexpr int SMEM = (BR + 2 * BC) * fs_pitch<D>::VALUE * (int)sizeof(T);
+    constexpr int BR = 16 * fs_tile<D>::MT * fs_tile<D>::WARPS, BC = fs_tile<D>::BC, THREADS = 32 * fs_tile<D>::WARPS;
+    constexpr int SMEM = (BR + 2 * BC * fs_tile<D>::STAGES) * fs_pitch<D>::VALUE * (int)sizeof(T);
     static unsigned long long prepared;
     int device;
     cudaError_t err = cudaGetDevice(&device);
@@ -389,21 +503,19 @@ static cudaError_t launch(const fs_attn_params *p, int sm_count, cudaStream_t st
     if (blocks * a.n_splits > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     if (a.n_splits > 1) {
         const size_t rows = (size_t)bh * p->Sq * a.n_splits;
-        void *ws;
-        if ((err = cudaMallocAsync(&ws, rows * (D + 1) * sizeof(float), stream)) != cudaSuccess) return err;
-        a.o_part = (float *)ws;
+        if ((err = workspace_get(device, stream, rows * (D + 1) * sizeof(float), (void **)&a.o_part)) != cudaSuccess) return err;
         a.lse_part = a.o_part + rows * D;
     }
     attention_fwd_sm80<D, T><<<(unsigned)(blocks * a.n_splits), THREADS, SMEM, stream>>>(a);
     err = cudaGetLastError();
+    if (a.n_splits > 1 && err == cudaSuccess) {
+        const long long rows = bh * p->Sq;
+        attention_combine_sm80<D, T><<<(unsigned)((rows + FS_COMBINE_WARPS - 1) / FS_COMBINE_WARPS), FS_COMBINE_WARPS * 32, 0, stream>>>(a);
+        err = cudaGetLastError();
+    }
     if (a.n_splits > 1) {
-        if (err == cudaSuccess) {
-            const long long rows = bh * p->Sq;
-            attention_combine_sm80<D, T><<<(unsigned)((rows + FS_COMBINE_WARPS - 1) / FS_COMBINE_WARPS), FS_COMBINE_WARPS * 32, 0, stream>>>(a);
-            err = cudaGetLastError();
-        }
-        cudaError_t ferr = cudaFreeAsync(a.o_part, stream);
-        if (err == cudaSuccess) err = ferr;
+        cudaError_t rerr = workspace_release(stream, a.o_part);
+        if (err == cudaSuccess) err = rerr;
     }
     return err;
 }

@@ -1,0 +1,71 @@
+"""Per-call host cost of each interop route and of each piece of a flashsci.attention call (torch CUDA
+tensors), measured with timeit on the GPU machine. Writes host_overhead_<gpu>.json/.md to --out.
+
+    python benchmarks/host_overhead.py --out benchmarks/results
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+import timeit
+
+import torch
+
+import flashsci
+from flashsci import _flashsci
+
+
+def per_call_us(stmt, n=20000):
+    for _ in range(2000):
+        stmt()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(5):
+        t = timeit.timeit(stmt, number=n)
+        torch.cuda.synchronize()
+        runs.append(t * 1e6 / n)
+    return statistics.median(runs)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    q, k, v = (torch.randn(1, 1, 32, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    out = torch.empty_like(q)
+    raw = torch._C._cuda_getCurrentRawStream
+    rows = [
+        ("torch route: flashsci _inspect(t) (dtype, is_cuda, get_device, requires_grad, shape, stride, data_ptr)",
+         lambda: _flashsci._inspect(q)),
+        ("DLPack route: flashsci _inspect(t, 'dlpack') (t.__dlpack__ + capsule)", lambda: _flashsci._inspect(q, "dlpack")),
+        ("CUDA array interface route: flashsci _inspect(t, 'cai')", lambda: _flashsci._inspect(q, "cai")),
+        ("t.__dlpack__() alone", lambda: q.__dlpack__()),
+        ("t.__cuda_array_interface__ alone", lambda: q.__cuda_array_interface__),
+        ("torch.cuda.current_stream()", lambda: torch.cuda.current_stream()),
+        ("torch._C._cuda_getCurrentRawStream(0)", lambda: raw(0)),
+        ("q.new_empty(shape) (output allocation)", lambda: q.new_empty((1, 1, 32, 64))),
+        ("flashsci.attention(q, k, v, out=out) (tiny problem: host-bound)", lambda: flashsci.attention(q, k, v, out=out)),
+        ("flashsci.attention(q, k, v)", lambda: flashsci.attention(q, k, v)),
+        ("torch SDPA(q, k, v)", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)),
+    ]
+    results = [{"what": name, "us_per_call": per_call_us(fn)} for name, fn in rows]
+    gpu = torch.cuda.get_device_name(0)
+    width = max(len(r["what"]) for r in results)
+    print(f"host cost per call on {gpu} (timeit medians, back-to-back; the GPU keeps up at this size)")
+    for r in results:
+        print(f"  {r['what']:<{width}}  {r['us_per_call']:6.2f} us")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        stem = os.path.join(args.out, "host_overhead_" + "".join(c if c.isalnum() else "_" for c in gpu))
+        meta = {"gpu": gpu, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+        with open(stem + ".json", "w") as f:
+            json.dump({"meta": meta, "rows": results}, f, indent=1)
+        with open(stem + ".md", "w") as f:
+            f.write(f"# Host cost per call — {gpu}\n\ntorch {meta['torch']}, {meta['date']}; timeit medians of "
+                    "back-to-back calls on (1, 1, 32, 64) fp16 CUDA tensors.\n\n| what | µs per call |\n|---|---|\n")
+            f.writelines(f"| {r['what']} | {r['us_per_call']:.2f} |\n" for r in results)
+
+
+if __name__ == "__main__":
+    main()
