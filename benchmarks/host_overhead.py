@@ -34,6 +34,7 @@ def main():
     args = ap.parse_args()
     q, k, v = (torch.randn(1, 1, 32, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     out = torch.empty_like(q)
+    small_np = q.cpu().numpy()
     raw = torch._C._cuda_getCurrentRawStream
     rows = [
         ("torch route: flashsci _inspect(t) (dtype, is_cuda, get_device, requires_grad, shape, stride, data_ptr)",
@@ -45,6 +46,12 @@ def main():
         ("torch.cuda.current_stream()", lambda: torch.cuda.current_stream()),
         ("torch._C._cuda_getCurrentRawStream(0)", lambda: raw(0)),
         ("q.new_empty(shape) (output allocation)", lambda: q.new_empty((1, 1, 32, 64))),
+        ("torch.empty_like(q)", lambda: torch.empty_like(q)),
+        ("torch.empty(shape, dtype=, device=)", lambda: torch.empty((1, 1, 32, 64), dtype=q.dtype, device=q.device)),
+        ("q.dtype", lambda: q.dtype), ("q.is_cuda", lambda: q.is_cuda), ("q.get_device()", lambda: q.get_device()),
+        ("q.requires_grad", lambda: q.requires_grad), ("q.shape", lambda: q.shape), ("q.stride()", lambda: q.stride()),
+        ("q.data_ptr()", lambda: q.data_ptr()),
+        ("flashsci _inspect(numpy array) (cost of _inspect's own dict, to subtract)", lambda: _flashsci._inspect(small_np)),
         ("flashsci.attention(q, k, v, out=out) (tiny problem: host-bound)", lambda: flashsci.attention(q, k, v, out=out)),
         ("flashsci.attention(q, k, v)", lambda: flashsci.attention(q, k, v)),
         ("torch SDPA(q, k, v)", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)),

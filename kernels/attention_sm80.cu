@@ -31,33 +31,37 @@
 /* ---- tile configuration, one place: warps per block, m16 row tiles per warp (Br = 16 * MT * WARPS),
  * Bc, cp.async ring depth, and whether Q fragments stay in registers (else reloaded per KV tile) ---- */
 template <int W, int M, int B, int S, int Q> struct fs_cfg { enum { WARPS = W, MT = M, BC = B, STAGES = S, Q_IN_REGS = Q }; };
-#ifndef FS_TILE_D32
-#define FS_TILE_D32 4, 2, 64, 3, 1
+/* tuning builds override one head dim without editing: -DFS_TUNE_D=64 -DFS_TUNE_W=4 -DFS_TUNE_MT=2 -DFS_TUNE_BC=64 -DFS_TUNE_Q=1 */
+#ifndef FS_TUNE_D
+#define FS_TUNE_D 0
+#define FS_TUNE_W 0
+#define FS_TUNE_MT 0
+#define FS_TUNE_BC 0
+#define FS_TUNE_Q 0
 #endif
-#ifndef FS_TILE_D64
-#define FS_TILE_D64 4, 2, 64, 3, 1
-#endif
-#ifndef FS_TILE_D96
-#define FS_TILE_D96 4, 2, 32, 3, 0
-#endif
-#ifndef FS_TILE_D128
-#define FS_TILE_D128 4, 2, 32, 3, 0
-#endif
-#ifndef FS_TILE_D256
-#define FS_TILE_D256 4, 1, 32, 3, 0
-#endif
-template <int D> struct fs_tile;
-template <> struct fs_tile<32> : fs_cfg<FS_TILE_D32> {};
-template <> struct fs_tile<64> : fs_cfg<FS_TILE_D64> {};
-template <> struct fs_tile<96> : fs_cfg<FS_TILE_D96> {};
-template <> struct fs_tile<128> : fs_cfg<FS_TILE_D128> {};
-template <> struct fs_tile<256> : fs_cfg<FS_TILE_D256> {};
+#define FS_PICK(d, field, value) (FS_TUNE_D == d ? FS_TUNE_##field : value)
+#define FS_TILE(d, w, mt, bc, q) \
+    template <> struct fs_tile<d, false> : fs_cfg<FS_PICK(d, W, w), FS_PICK(d, MT, mt), FS_PICK(d, BC, bc), 3, FS_PICK(d, Q, q)> {}
+#define FS_TILE_SMALL(d, w, mt, bc, q) template <> struct fs_tile<d, true> : fs_cfg<w, mt, bc, 3, q> {}
+/* SMALL: problems whose big tiles leave SMs idle get 64-row query tiles (more blocks, shorter chains) */
+template <int D, bool SMALL> struct fs_tile;
+/*      D    WARPS MT  BC   Q_IN_REGS */
+FS_TILE(32,  4,    2,  128, 0);
+FS_TILE(64,  4,    2,  128, 0);
+FS_TILE(96,  4,    2,  64,  0);
+FS_TILE(128, 4,    2,  64,  0);
+FS_TILE(256, 4,    1,  32,  0);
+FS_TILE_SMALL(32,  4, 1, 64, 1);
+FS_TILE_SMALL(64,  4, 1, 64, 1);
+FS_TILE_SMALL(96,  4, 1, 64, 1);
+FS_TILE_SMALL(128, 4, 1, 64, 1);
+FS_TILE_SMALL(256, 4, 1, 32, 0);
 
 /* Shared-memory row pitch in elements: a multiple of 64 so the 16-byte-chunk XOR swizzle stays in-row. */
 template <int D> struct fs_pitch { enum { VALUE = D < 64 ? 64 : (D + 63) / 64 * 64 }; };
 
 #define FS_MAX_SPLITS 16
-#define FS_COMBINE_WARPS 4
+#define FS_COUNTER_BYTES 16384 /* per-query-tile split counters; splitting needs blocks <= sm_count / 2 */
 
 /* Everything a launch needs beyond the problem: KV splits and their fp32 workspace. */
 typedef struct {
@@ -66,6 +70,7 @@ typedef struct {
     int n_qtiles, n_splits;
     float *o_part;     /* [splits][B*H][Sq][D], each split normalised by its own l */
     float *lse_part;   /* [splits][B*H][Sq], natural log */
+    int *counters;     /* [B*H][n_qtiles] finished splits per query tile, zero between launches */
 } fs_sm80_args;
 
 /* ---- PTX wrappers ---- */
@@ -150,13 +155,14 @@ FS_DEV void load_tile(T *tile, const T *g, int64_t stride, int valid, int tid)
     }
 }
 
-template <int D, typename T>
-__global__ void __launch_bounds__(fs_tile<D>::WARPS * 32) attention_fwd_sm80(const fs_sm80_args a)
+template <int D, typename T, bool SMALL>
+__global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_sm80(const fs_sm80_args a)
 {
-    constexpr int WARPS = fs_tile<D>::WARPS, MT = fs_tile<D>::MT, BC = fs_tile<D>::BC, STAGES = fs_tile<D>::STAGES;
+    using tile = fs_tile<D, SMALL>;
+    constexpr int WARPS = tile::WARPS, MT = tile::MT, BC = tile::BC, STAGES = tile::STAGES;
     constexpr int BR = 16 * MT * WARPS, THREADS = WARPS * 32, WR = 16 * MT; /* WR: rows per warp */
     constexpr int PITCH = fs_pitch<D>::VALUE, KD = D / 16, NS = BC / 8, NO = D / 8;
-    constexpr bool Q_IN_REGS = fs_tile<D>::Q_IN_REGS;
+    constexpr bool Q_IN_REGS = tile::Q_IN_REGS;
     extern __shared__ __align__(128) unsigned char smem[];
     T *sQ = reinterpret_cast<T *>(smem), *sKV = sQ + BR * PITCH; /* ring: stage s holds K at 2s, V at 2s+1 */
 
@@ -339,9 +345,10 @@ __global__ void __launch_bounds__(fs_tile<D>::WARPS * 32) attention_fwd_sm80(con
         }
     const int64_t bh_row = (int64_t)bh * p.Sq;
 
-    if (a.n_splits > 1) { /* partial result of this split, fp32, straight from registers */
-        const int64_t part = (int64_t)split * p.B * p.H * p.Sq + bh_row;
-        float *op = a.o_part + part * D;
+    if (a.n_splits > 1) {
+        /* partial result of this split, fp32 from registers, normalised by its own l */
+        const int64_t rows_all = (int64_t)p.B * p.H * p.Sq;
+        float *op = a.o_part + ((int64_t)split * rows_all + bh_row) * D;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -352,8 +359,42 @@ __global__ void __launch_bounds__(fs_tile<D>::WARPS * 32) attention_fwd_sm80(con
                 for (int n = 0; n < NO; n++)
                     *reinterpret_cast<float2 *>(op + (int64_t)row * D + n * 8 + 2 * t4) =
                         make_float2(acc_o[mt][n][2 * r] * inv[mt][r], acc_o[mt][n][2 * r + 1] * inv[mt][r]);
-                if (t4 == 0) a.lse_part[part + row] = lse[mt][r];
+                if (t4 == 0) a.lse_part[split * rows_all + bh_row + row] = lse[mt][r];
             }
+        /* the last split to finish this query tile merges all of them:
+         * O = sum_s exp(lse_s - M) O_s / sum_s exp(lse_s - M),  lse = M + log sum_s exp(lse_s - M) */
+        __shared__ int last;
+        __threadfence();
+        __syncthreads();
+        int *counter = a.counters + (int64_t)bh * a.n_qtiles + qt;
+        if (tid == 0) {
+            last = atomicAdd(counter, 1) == a.n_splits - 1;
+            if (last) *counter = 0; /* ready for the next launch on this workspace */
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        T *gO = static_cast<T *>(p.o) + b * p.o_sb + h * p.o_sh;
+        for (int r = warp; r < q_rows; r += WARPS) {
+            const int64_t idx = bh_row + q0 + r;
+            float mx = -INFINITY, sum = 0.f;
+            for (int sp = 0; sp < a.n_splits; sp++) mx = fmaxf(mx, __ldcg(a.lse_part + sp * rows_all + idx));
+            float w[FS_MAX_SPLITS];
+#pragma unroll
+            for (int sp = 0; sp < FS_MAX_SPLITS; sp++) {
+                w[sp] = sp < a.n_splits && mx != -INFINITY ? __expf(__ldcg(a.lse_part + sp * rows_all + idx) - mx) : 0.f;
+                sum += w[sp];
+            }
+            const float invs = sum > 0.f ? 1.f / sum : 0.f;
+            for (int d = lane; d < D; d += 32) {
+                float o = 0.f;
+#pragma unroll
+                for (int sp = 0; sp < FS_MAX_SPLITS; sp++)
+                    if (sp < a.n_splits) o += w[sp] * __ldcg(a.o_part + (sp * rows_all + idx) * D + d);
+                gO[(int64_t)(q0 + r) * p.o_ss + d] = from_float<T>(o * invs);
+            }
+            if (p.lse && lane == 0) static_cast<float *>(p.lse)[idx] = sum > 0.f ? mx + __logf(sum) : -INFINITY;
+        }
         return;
     }
 
@@ -386,32 +427,6 @@ __global__ void __launch_bounds__(fs_tile<D>::WARPS * 32) attention_fwd_sm80(con
     }
 }
 
-/* Merge KV-split partials, one warp per query row:
- * O = sum_s exp(lse_s - M) O_s / sum_s exp(lse_s - M),  lse = M + log(sum_s exp(lse_s - M)). */
-template <int D, typename T>
-__global__ void __launch_bounds__(FS_COMBINE_WARPS * 32) attention_combine_sm80(const fs_sm80_args a)
-{
-    const fs_attn_params &p = a.p;
-    const int lane = threadIdx.x & 31;
-    const int64_t rows = (int64_t)p.B * p.H * p.Sq, idx = (int64_t)blockIdx.x * FS_COMBINE_WARPS + (threadIdx.x >> 5);
-    if (idx >= rows) return;
-    float w[FS_MAX_SPLITS], mx = -INFINITY, sum = 0.f;
-    for (int s = 0; s < a.n_splits; s++) mx = fmaxf(mx, a.lse_part[s * rows + idx]);
-    for (int s = 0; s < a.n_splits; s++) {
-        w[s] = mx == -INFINITY ? 0.f : __expf(a.lse_part[s * rows + idx] - mx);
-        sum += w[s];
-    }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const int bh = (int)(idx / p.Sq), row = (int)(idx % p.Sq), b = bh / p.H, h = bh % p.H;
-    T *gO = static_cast<T *>(p.o) + b * p.o_sb + h * p.o_sh + (int64_t)row * p.o_ss;
-    for (int d = lane; d < D; d += 32) {
-        float o = 0.f;
-        for (int s = 0; s < a.n_splits; s++) o += w[s] * a.o_part[(s * rows + idx) * D + d];
-        gO[d] = from_float<T>(o * inv);
-    }
-    if (p.lse && lane == 0) static_cast<float *>(p.lse)[idx] = sum > 0.f ? mx + __logf(sum) : -INFINITY;
-}
-
 /* Raise a kernel's dynamic shared-memory limit once per device. */
 static cudaError_t prepare_kernel(const void *fn, int smem, int device, unsigned long long *done_mask)
 {
@@ -435,10 +450,14 @@ static int stream_capturing(cudaStream_t stream)
     return cudaStreamIsCapturing(stream, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone;
 }
 
-/* Hand out at least bytes of workspace ordered on stream. */
+/* Hand out at least bytes of workspace ordered on stream, its first FS_COUNTER_BYTES zeroed. Kernels
+ * leave every counter they use back at zero, so zeroing at allocation is enough. */
 static cudaError_t workspace_get(int device, cudaStream_t stream, size_t bytes, void **ptr)
 {
-    if (stream_capturing(stream)) return cudaMallocAsync(ptr, bytes, stream);
+    if (stream_capturing(stream)) {
+        cudaError_t err = cudaMallocAsync(ptr, bytes, stream);
+        return err != cudaSuccess ? err : cudaMemsetAsync(*ptr, 0, FS_COUNTER_BYTES, stream);
+    }
     fs_ws_slot *slot = NULL;
     for (int i = 0; i < FS_WS_SLOTS && !slot; i++)
         if (ws_slots[i].ptr && ws_slots[i].device == device && ws_slots[i].stream == stream) slot = &ws_slots[i];
@@ -462,6 +481,7 @@ static cudaError_t workspace_get(int device, cudaStream_t stream, size_t bytes, 
         slot->device = device;
         slot->stream = stream;
         slot->bytes = bytes;
+        if ((err = cudaMemsetAsync(slot->ptr, 0, FS_COUNTER_BYTES, stream)) != cudaSuccess) return err;
     }
     *ptr = slot->ptr;
     return cudaSuccess;
@@ -473,51 +493,65 @@ static cudaError_t workspace_release(cudaStream_t stream, void *ptr)
     return stream_capturing(stream) ? cudaFreeAsync(ptr, stream) : cudaSuccess;
 }
 
-/* KV splits: only when the query tiles leave SMs idle and each split still gets two KV tiles. */
-static int choose_splits(int blocks, int n_kv, int sm_count)
+/* KV splits: only when the query tiles leave at least half the SMs idle and each split keeps two KV
+ * tiles; the split counters then fit FS_COUNTER_BYTES. */
+static int choose_splits(long long blocks, int n_kv, int sm_count)
 {
-    if (blocks >= sm_count || n_kv < 4) return 1;
-    int s = (sm_count + blocks - 1) / blocks;
+    if (2 * blocks > sm_count || n_kv < 4 || blocks > FS_COUNTER_BYTES / (long long)sizeof(int)) return 1;
+    int s = (int)((sm_count + blocks - 1) / blocks);
     s = s < n_kv / 2 ? s : n_kv / 2;
     return s < FS_MAX_SPLITS ? s : FS_MAX_SPLITS;
 }
 
-template <int D, typename T>
-static cudaError_t launch(const fs_attn_params *p, int sm_count, cudaStream_t stream)
+/* Launch one tile variant: grid = query tiles x KV splits x batch*heads, flattened. */
+template <int D, typename T, bool SMALL>
+static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int device, cudaStream_t stream)
 {
-    constexpr int BR = 16 * fs_tile<D>::MT * fs_tile<D>::WARPS, BC = fs_tile<D>::BC, THREADS = 32 * fs_tile<D>::WARPS;
-    constexpr int SMEM = (BR + 2 * BC * fs_tile<D>::STAGES) * fs_pitch<D>::VALUE * (int)sizeof(T);
+    using tile = fs_tile<D, SMALL>;
+    constexpr int BR = 16 * tile::MT * tile::WARPS, BC = tile::BC, THREADS = 32 * tile::WARPS;
+    constexpr int SMEM = (BR + 2 * BC * tile::STAGES) * fs_pitch<D>::VALUE * (int)sizeof(T);
     static unsigned long long prepared;
-    int device;
-    cudaError_t err = cudaGetDevice(&device);
+    cudaError_t err = prepare_kernel((const void *)attention_fwd_sm80<D, T, SMALL>, SMEM, device, &prepared);
     if (err != cudaSuccess) return err;
-    if ((err = prepare_kernel((const void *)attention_fwd_sm80<D, T>, SMEM, device, &prepared)) != cudaSuccess) return err;
 
     fs_sm80_args a;
     a.p = *p;
     a.scale_log2 = (float)(p->scale * 1.4426950408889634);
     a.n_qtiles = (p->Sq + BR - 1) / BR;
     const long long bh = (long long)p->B * p->H, blocks = bh * a.n_qtiles;
-    a.n_splits = blocks > sm_count ? 1 : choose_splits((int)blocks, (p->Sk + BC - 1) / BC, sm_count);
+    a.n_splits = choose_splits(blocks, (p->Sk + BC - 1) / BC, sm_count);
     a.o_part = a.lse_part = NULL;
+    a.counters = NULL;
     if (blocks * a.n_splits > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    void *ws = NULL;
     if (a.n_splits > 1) {
         const size_t rows = (size_t)bh * p->Sq * a.n_splits;
-        if ((err = workspace_get(device, stream, rows * (D + 1) * sizeof(float), (void **)&a.o_part)) != cudaSuccess) return err;
+        if ((err = workspace_get(device, stream, FS_COUNTER_BYTES + rows * (D + 1) * sizeof(float), &ws)) != cudaSuccess)
+            return err;
+        a.counters = (int *)ws;
+        a.o_part = (float *)((char *)ws + FS_COUNTER_BYTES);
         a.lse_part = a.o_part + rows * D;
     }
-    attention_fwd_sm80<D, T><<<(unsigned)(blocks * a.n_splits), THREADS, SMEM, stream>>>(a);
+    attention_fwd_sm80<D, T, SMALL><<<(unsigned)(blocks * a.n_splits), THREADS, SMEM, stream>>>(a);
     err = cudaGetLastError();
-    if (a.n_splits > 1 && err == cudaSuccess) {
-        const long long rows = bh * p->Sq;
-        attention_combine_sm80<D, T><<<(unsigned)((rows + FS_COMBINE_WARPS - 1) / FS_COMBINE_WARPS), FS_COMBINE_WARPS * 32, 0, stream>>>(a);
-        err = cudaGetLastError();
-    }
-    if (a.n_splits > 1) {
-        cudaError_t rerr = workspace_release(stream, a.o_part);
+    if (ws) {
+        cudaError_t rerr = workspace_release(stream, ws);
         if (err == cudaSuccess) err = rerr;
     }
     return err;
+}
+
+/* Big tiles when they fill the SMs, else the small-tile variant. */
+template <int D, typename T>
+static cudaError_t launch(const fs_attn_params *p, int sm_count, cudaStream_t stream)
+{
+    using big = fs_tile<D, false>;
+    constexpr int BR = 16 * big::MT * big::WARPS;
+    int device;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    if ((long long)p->B * p->H * ((p->Sq + BR - 1) / BR) < sm_count) return launch_variant<D, T, true>(p, sm_count, device, stream);
+    return launch_variant<D, T, false>(p, sm_count, device, stream);
 }
 
 template <typename T>
