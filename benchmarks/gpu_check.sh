@@ -6,33 +6,34 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashsci-out}
 STEPS=${STEPS:-"build test sanitize bench"}
-mkdir -p "$OUT"
+mkdir -p "$OUT/logs"
 export PYTHONUNBUFFERED=1
 status=0
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/logs/gpu.txt"
 
 if [[ $STEPS == *build* ]]; then
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
   t0=$(date +%s)
   FLASHSCI_CUDA_ARCHS=${FLASHSCI_CUDA_ARCHS:-$cc} python3 -m pip install --no-build-isolation --no-deps -q -e . \
     ${CUDA_FLAGS:+-C "cmake.define.CMAKE_CUDA_FLAGS=$CUDA_FLAGS"} \
-    >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+    >"$OUT/logs/build.log" 2>&1 || { tail -40 "$OUT/logs/build.log"; exit 1; }
   echo "build: $(( $(date +%s) - t0 )) s for sm_$cc"
   python3 -c "import flashsci; print(flashsci.build_info(), flashsci.device_info())"
 fi
 if [[ $STEPS == *test* ]]; then
-  python3 -m pytest -q -x tests/ ${TEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -15 || status=1
+  python3 -m pytest -q -x tests/ ${TEST_ARGS:-} 2>&1 | tee "$OUT/logs/tests.log" | tail -15 || status=1
 fi
 if [[ $STEPS == *sanitize* ]]; then
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 python3 benchmarks/sanitize_cases.py >"$OUT/sanitize_$tool.log" 2>&1
-    echo "compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1))"
+    compute-sanitizer --tool $tool --error-exitcode 9 python3 benchmarks/sanitize_cases.py >"$OUT/logs/sanitize_$tool.log" 2>&1
+    echo "compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/logs/sanitize_$tool.log" | tail -1))"
+    grep -m1 -B2 -A12 -E "Warning|Error" "$OUT/logs/sanitize_$tool.log" | head -30
   done
 fi
 if [[ $STEPS == *host* ]]; then
-  python3 benchmarks/host_overhead.py --out "$OUT" 2>&1 | tee "$OUT/host.log"
+  python3 benchmarks/host_overhead.py --out "$OUT" 2>&1 | tee "$OUT/logs/host.log"
 fi
 if [[ $STEPS == *bench* ]]; then
-  python3 -m flashsci.bench ${BENCH_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -60
+  python3 -m flashsci.bench ${BENCH_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/logs/bench.log" | tail -60
 fi
 exit $status

@@ -298,12 +298,32 @@ static int check_out(const fs_tensor *o, fs_tensor *const t[3], const int64_t *s
     return 0;
 }
 
+/* Whether a tensor is C-contiguous (size-1 dimensions may have any stride). */
+static int is_contiguous(const fs_tensor *t)
+{
+    int64_t expect = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->strides[i] != expect) return 0;
+        expect *= t->shape[i];
+    }
+    return 1;
+}
+
 /* New uninitialised output in q's framework: torch tensor, NumPy array or flashsci.Array. */
 static PyObject *new_output(fs_state *st, const fs_tensor *q, int ndim, const int64_t *shape, fs_dtype dtype,
                             uintptr_t stream, char **data)
 {
     PyObject *obj = NULL;
-    if (q->source == FS_SRC_TORCH) {
+    if (q->source == FS_SRC_TORCH && dtype == q->dtype && ndim == q->ndim && is_contiguous(q)) {
+        if (!(obj = PyObject_CallOneArg(st->torch_empty_like, q->obj))) return NULL;
+        PyObject *ptr = PyObject_VectorcallMethod(st->s_data_ptr, &obj, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (!ptr || (!(*data = PyLong_AsVoidPtr(ptr)) && PyErr_Occurred())) {
+            Py_XDECREF(ptr);
+            Py_DECREF(obj);
+            return NULL;
+        }
+        Py_DECREF(ptr);
+    } else if (q->source == FS_SRC_TORCH) {
         PyObject *size = PyTuple_New(ndim);
         if (!size) return NULL;
         for (int i = 0; i < ndim; i++) PyTuple_SET_ITEM(size, i, PyLong_FromLongLong(shape[i]));

@@ -17,6 +17,7 @@ typedef struct {
     PyObject *torch_tensor_type;    /* torch.Tensor once the user has imported torch, else NULL */
     PyObject *torch_dtype[FS_NUM_DTYPES];
     PyObject *torch_current_stream; /* torch._C._cuda_getCurrentRawStream, NULL on CPU-only torch */
+    PyObject *torch_empty_like;     /* torch.empty_like: the cheapest allocation for a contiguous output */
     PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_is_cuda, *s_is_cpu, *s_get_device,
         *s_new_empty, *s_requires_grad, *s_device, *s_dlpack, *s_dlpack_device, *s_cai, *s_stream,
         *s_max_version, *s_cuda_stream, *s_cuda_stream_proto;
@@ -74,7 +75,7 @@ int fs_gpu_device_count(void);                            /* 0 without a driver 
 typedef struct { int sm_count, major, minor; size_t smem_optin; char name[256]; } fs_gpu_props;
 int fs_gpu_props_get(int device, fs_gpu_props *props);
 int fs_gpu_device_enter(int device, int *previous);      /* make device current, remember the old one */
-void fs_gpu_device_leave(int previous);
+void fs_gpu_device_leave(int previous, int device);
 int fs_gpu_stream_wait(uintptr_t waiter, uintptr_t producer, int device);
 int fs_gpu_pointer_device(const void *ptr, int *device);
 void *fs_gpu_malloc_async(size_t bytes, uintptr_t stream, int device);

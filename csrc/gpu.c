@@ -63,10 +63,9 @@ int fs_gpu_device_enter(int device, int *previous)
     return 0;
 }
 
-void fs_gpu_device_leave(int previous)
+void fs_gpu_device_leave(int previous, int device)
 {
-    int now;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous) cudaSetDevice(previous);
+    if (previous != device) cudaSetDevice(previous);
 }
 
 int fs_gpu_stream_wait(uintptr_t waiter, uintptr_t producer, int device)
@@ -103,7 +102,7 @@ void *fs_gpu_malloc_async(size_t bytes, uintptr_t stream, int device)
     int prev;
     if (fs_gpu_device_enter(device, &prev) < 0) return NULL;
     cudaError_t err = cudaMallocAsync(&ptr, bytes ? bytes : 1, (cudaStream_t)stream);
-    fs_gpu_device_leave(prev);
+    fs_gpu_device_leave(prev, device);
     if (err != cudaSuccess) {
         cudaGetLastError();
         if (err == cudaErrorMemoryAllocation) PyErr_Format(PyExc_MemoryError, "flashsci: out of CUDA memory allocating %zu bytes", bytes);
@@ -133,8 +132,8 @@ int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream)
     }
     int prev;
     if (fs_gpu_device_enter(device, &prev) < 0) return -1;
-    cudaError_t err = fs_attention_sm80(p, props.sm_count, (cudaStream_t)stream);
-    fs_gpu_device_leave(prev);
+    cudaError_t err = fs_attention_sm80(p, device, props.sm_count, (cudaStream_t)stream);
+    fs_gpu_device_leave(prev, device);
     if (err != cudaSuccess) return cuda_fail(err, "attention kernel launch");
     return 0;
 }
@@ -154,7 +153,7 @@ int fs_gpu_built(void) { return 0; }
 int fs_gpu_device_count(void) { return 0; }
 int fs_gpu_props_get(int device, fs_gpu_props *props) { (void)device; (void)props; return no_cuda(); }
 int fs_gpu_device_enter(int device, int *previous) { (void)device; (void)previous; return no_cuda(); }
-void fs_gpu_device_leave(int previous) { (void)previous; }
+void fs_gpu_device_leave(int previous, int device) { (void)previous; (void)device; }
 int fs_gpu_stream_wait(uintptr_t w, uintptr_t p, int d) { (void)w; (void)p; (void)d; return no_cuda(); }
 int fs_gpu_pointer_device(const void *ptr, int *device) { (void)ptr; (void)device; return no_cuda(); }
 void *fs_gpu_malloc_async(size_t b, uintptr_t s, int d) { (void)b; (void)s; (void)d; no_cuda(); return NULL; }

@@ -24,6 +24,8 @@ int fs_torch_refresh(fs_state *st)
         Py_XSETREF(st->torch_dtype[i], PyObject_GetAttrString(torch, dtype_names[i]));
         if (!st->torch_dtype[i]) goto partial;
     }
+    Py_XSETREF(st->torch_empty_like, PyObject_GetAttrString(torch, "empty_like"));
+    if (!st->torch_empty_like) goto partial;
     PyObject *c = PyObject_GetAttrString(torch, "_C");
     if (c) {
         st->torch_current_stream = PyObject_GetAttrString(c, "_cuda_getCurrentRawStream");

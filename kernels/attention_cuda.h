@@ -10,9 +10,10 @@
 extern "C" {
 #endif
 
-/* Launch tensor-core flash attention (sm_80+, fp16/bf16, D in {32, 64, 96, 128, 256}) on stream.
- * sm_count sizes the grid (KV splits for small problems). Returns the launch's error code. */
-cudaError_t fs_attention_sm80(const fs_attn_params *p, int sm_count, cudaStream_t stream);
+/* Launch tensor-core flash attention (sm_80+, fp16/bf16, D in {32, 64, 96, 128, 256}) on stream; device
+ * is the current device. sm_count sizes the grid (KV splits for small problems). Returns the launch's
+ * error code. */
+cudaError_t fs_attention_sm80(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -532,8 +532,9 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
         a.o_part = (float *)((char *)ws + FS_COUNTER_BYTES);
         a.lse_part = a.o_part + rows * D;
     }
-    attention_fwd_sm80<D, T, SMALL><<<(unsigned)(blocks * a.n_splits), THREADS, SMEM, stream>>>(a);
-    err = cudaGetLastError();
+    void *args[] = {&a};
+    err = cudaLaunchKernel((const void *)attention_fwd_sm80<D, T, SMALL>, dim3((unsigned)(blocks * a.n_splits)),
+                           dim3(THREADS), args, SMEM, stream);
     if (ws) {
         cudaError_t rerr = workspace_release(stream, ws);
         if (err == cudaSuccess) err = rerr;
@@ -543,33 +544,30 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
 
 /* Big tiles when they fill the SMs, else the small-tile variant. */
 template <int D, typename T>
-static cudaError_t launch(const fs_attn_params *p, int sm_count, cudaStream_t stream)
+static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream)
 {
     using big = fs_tile<D, false>;
     constexpr int BR = 16 * big::MT * big::WARPS;
-    int device;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
     if ((long long)p->B * p->H * ((p->Sq + BR - 1) / BR) < sm_count) return launch_variant<D, T, true>(p, sm_count, device, stream);
     return launch_variant<D, T, false>(p, sm_count, device, stream);
 }
 
 template <typename T>
-static cudaError_t launch_dtype(const fs_attn_params *p, int sm_count, cudaStream_t stream)
+static cudaError_t launch_dtype(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream)
 {
     switch (p->D) {
-    case 32: return launch<32, T>(p, sm_count, stream);
-    case 64: return launch<64, T>(p, sm_count, stream);
-    case 96: return launch<96, T>(p, sm_count, stream);
-    case 128: return launch<128, T>(p, sm_count, stream);
-    case 256: return launch<256, T>(p, sm_count, stream);
+    case 32: return launch<32, T>(p, device, sm_count, stream);
+    case 64: return launch<64, T>(p, device, sm_count, stream);
+    case 96: return launch<96, T>(p, device, sm_count, stream);
+    case 128: return launch<128, T>(p, device, sm_count, stream);
+    case 256: return launch<256, T>(p, device, sm_count, stream);
     default: return cudaErrorInvalidValue;
     }
 }
 
-extern "C" cudaError_t fs_attention_sm80(const fs_attn_params *p, int sm_count, cudaStream_t stream)
+extern "C" cudaError_t fs_attention_sm80(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream)
 {
-    if (p->dtype == FS_F16) return launch_dtype<__half>(p, sm_count, stream);
-    if (p->dtype == FS_BF16) return launch_dtype<__nv_bfloat16>(p, sm_count, stream);
+    if (p->dtype == FS_F16) return launch_dtype<__half>(p, device, sm_count, stream);
+    if (p->dtype == FS_BF16) return launch_dtype<__nv_bfloat16>(p, device, sm_count, stream);
     return cudaErrorInvalidValue;
 }

@@ -97,7 +97,7 @@ def per_call_us(torch, fn, x, n=300, sync=True):
     return statistics.median(runs)
 
 
-def run_gpu(sets, dtype_name, out_dir):
+def run_gpu(sets, dtype_name, out_dir, head_dim=None):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     F = torch.nn.functional
@@ -109,6 +109,8 @@ def run_gpu(sets, dtype_name, out_dir):
     rows = []
     print(f"GPU: {props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}; dtype {dtype_name}", flush=True)
     for group, (b, h, s, d), causal in gpu_configs(sets):
+        if head_dim and d != head_dim:
+            continue
         set_bytes = 4 * b * h * s * d * 2
         n_sets = max(1, min(64, math.ceil(2 * l2 / set_bytes)))
         inputs = [tuple(torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3)) for _ in range(n_sets)]
@@ -270,11 +272,12 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", default="seed,protein,sweep", help="GPU config sets: seed, protein, sweep")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    ap.add_argument("--head-dim", type=int, default=None, help="only configs with this head dim")
     ap.add_argument("--out", default=None, help="folder for JSON + markdown results")
     ap.add_argument("--cpu", action="store_true", help="run the CPU benchmark even when a GPU is present")
     args = ap.parse_args(argv)
     if _gpu_ready() and not args.cpu:
-        run_gpu(set(args.sets.split(",")), args.dtype, args.out)
+        run_gpu(set(args.sets.split(",")), args.dtype, args.out, args.head_dim)
     else:
         run_cpu(args.out)
 
