@@ -48,8 +48,8 @@ template <int D, bool SMALL> struct fs_tile;
 /*      D    WARPS MT  BC   Q_IN_REGS */
 FS_TILE(32,  4,    2,  128, 0);
 FS_TILE(64,  4,    2,  128, 0);
-FS_TILE(96,  4,    2,  64,  0);
-FS_TILE(128, 4,    2,  64,  0);
+FS_TILE(96,  4,    2,  32,  0);
+FS_TILE(128, 4,    2,  32,  0);
 FS_TILE(256, 4,    1,  32,  0);
 FS_TILE_SMALL(32,  4, 1, 64, 1);
 FS_TILE_SMALL(64,  4, 1, 64, 1);
@@ -298,11 +298,12 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
                     sum += s[mt][n][2 * r] + s[mt][n][2 * r + 1];
                 }
                 l_i[mt][r] = l_i[mt][r] * alpha + sum;
+                if (__any_sync(0xffffffff, alpha != 1.f)) /* once the row maxima settle, most tiles skip this */
 #pragma unroll
-                for (int n = 0; n < NO; n++) {
-                    acc_o[mt][n][2 * r] *= alpha;
-                    acc_o[mt][n][2 * r + 1] *= alpha;
-                }
+                    for (int n = 0; n < NO; n++) {
+                        acc_o[mt][n][2 * r] *= alpha;
+                        acc_o[mt][n][2 * r + 1] *= alpha;
+                    }
             }
 
         /* O_i += P V_j: the S accumulators of two n8 tiles are exactly the A fragment of one k16 step */
@@ -398,7 +399,9 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
         return;
     }
 
-    /* stage this warp's rows in its own rows of sQ, then 16-byte coalesced stores */
+    /* stage this warp's rows in its own rows of sQ, then 16-byte coalesced stores (after every lane's
+     * last ldmatrix of those rows) */
+    __syncwarp();
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
