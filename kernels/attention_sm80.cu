@@ -298,12 +298,11 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
                     sum += s[mt][n][2 * r] + s[mt][n][2 * r + 1];
                 }
                 l_i[mt][r] = l_i[mt][r] * alpha + sum;
-                if (__any_sync(0xffffffff, alpha != 1.f)) /* once the row maxima settle, most tiles skip this */
 #pragma unroll
-                    for (int n = 0; n < NO; n++) {
-                        acc_o[mt][n][2 * r] *= alpha;
-                        acc_o[mt][n][2 * r + 1] *= alpha;
-                    }
+                for (int n = 0; n < NO; n++) {
+                    acc_o[mt][n][2 * r] *= alpha;
+                    acc_o[mt][n][2 * r + 1] *= alpha;
+                }
             }
 
         /* O_i += P V_j: the S accumulators of two n8 tiles are exactly the A fragment of one k16 step */
@@ -375,26 +374,34 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
         __syncthreads();
         if (!last) return;
         __threadfence();
+        /* every thread merges 4-column chunks; the loads of all splits are independent and in flight together */
         T *gO = static_cast<T *>(p.o) + b * p.o_sb + h * p.o_sh;
-        for (int r = warp; r < q_rows; r += WARPS) {
+        constexpr int C4 = D / 4;
+        for (int i = tid; i < q_rows * C4; i += THREADS) {
+            const int r = i / C4, c = i % C4;
             const int64_t idx = bh_row + q0 + r;
-            float mx = -INFINITY, sum = 0.f;
-            for (int sp = 0; sp < a.n_splits; sp++) mx = fmaxf(mx, __ldcg(a.lse_part + sp * rows_all + idx));
-            float w[FS_MAX_SPLITS];
+            float ls[FS_MAX_SPLITS], mx = -INFINITY, sum = 0.f;
+            float4 x[FS_MAX_SPLITS], o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-            for (int sp = 0; sp < FS_MAX_SPLITS; sp++) {
-                w[sp] = sp < a.n_splits && mx != -INFINITY ? __expf(__ldcg(a.lse_part + sp * rows_all + idx) - mx) : 0.f;
-                sum += w[sp];
-            }
+            for (int sp = 0; sp < FS_MAX_SPLITS; sp++) /* all loads first: one L2 round trip per item */
+                if (sp < a.n_splits) {
+                    ls[sp] = __ldcg(a.lse_part + sp * rows_all + idx);
+                    x[sp] = __ldcg(reinterpret_cast<const float4 *>(a.o_part + (sp * rows_all + idx) * D) + c);
+                }
+#pragma unroll
+            for (int sp = 0; sp < FS_MAX_SPLITS; sp++)
+                if (sp < a.n_splits) mx = fmaxf(mx, ls[sp]);
+#pragma unroll
+            for (int sp = 0; sp < FS_MAX_SPLITS; sp++)
+                if (sp < a.n_splits) {
+                    const float w = mx == -INFINITY ? 0.f : __expf(ls[sp] - mx);
+                    sum += w;
+                    o.x += w * x[sp].x; o.y += w * x[sp].y; o.z += w * x[sp].z; o.w += w * x[sp].w;
+                }
             const float invs = sum > 0.f ? 1.f / sum : 0.f;
-            for (int d = lane; d < D; d += 32) {
-                float o = 0.f;
-#pragma unroll
-                for (int sp = 0; sp < FS_MAX_SPLITS; sp++)
-                    if (sp < a.n_splits) o += w[sp] * __ldcg(a.o_part + (sp * rows_all + idx) * D + d);
-                gO[(int64_t)(q0 + r) * p.o_ss + d] = from_float<T>(o * invs);
-            }
-            if (p.lse && lane == 0) static_cast<float *>(p.lse)[idx] = sum > 0.f ? mx + __logf(sum) : -INFINITY;
+            const uint2 packed = make_uint2(pack2<T>(o.x * invs, o.y * invs), pack2<T>(o.z * invs, o.w * invs));
+            *reinterpret_cast<uint2 *>(gO + (int64_t)(q0 + r) * p.o_ss + c * 4) = packed;
+            if (p.lse && c == 0) static_cast<float *>(p.lse)[idx] = sum > 0.f ? mx + __logf(sum) : -INFINITY;
         }
         return;
     }
