@@ -210,6 +210,20 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
         l_i[mt][0] = l_i[mt][1] = 0.f;
     }
     uint32_t qf[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KD : 1][4];
+    /* ldmatrix lane offsets (elements) into the swizzled tiles. The XOR touches only the low 3 bits of
+     * the 16-byte chunk index, so chunk 2k + x lands at 8 (k >> 2) + ((2 (k & 3) + x) ^ (row & 7)): four
+     * lane offsets per operand cover every k-step, the rest is a compile-time constant. */
+    int q_off[4], k_off[4], v_off[4];
+    {
+        const int l7 = lane & 7, mi = lane >> 3;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            q_off[c] = (warp * WR + (lane & 15)) * PITCH + 8 * ((2 * c + (lane >> 4)) ^ l7);
+            k_off[c] = (l7 + (mi >> 1) * 8) * PITCH + 8 * ((2 * c + (mi & 1)) ^ l7);
+            v_off[c] = (l7 + (mi & 1) * 8) * PITCH + 8 * ((2 * c + (mi >> 1)) ^ l7);
+        }
+    }
+    const uint32_t sQ_addr = smem_addr(sQ);
     const int warp_row = q0 + warp * WR; /* first query row of this warp */
     /* scores are scaled by scale*log2(e) inside the exponent (one FFMA); a non-positive scale is applied
      * up front instead, so that the row max stays the max of the scaled scores */
@@ -220,7 +234,7 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
         cp_async_wait<STAGES - 2>();
         __syncthreads(); /* tile j has landed for all threads; every warp is done with tile j - 1's stage */
         load_kv(j + STAGES - 1);
-        const T *sK = sKV + (j % STAGES) * 2 * BC * PITCH, *sV = sK + BC * PITCH;
+        const uint32_t sK_addr = smem_addr(sKV + (j % STAGES) * 2 * BC * PITCH), sV_addr = sK_addr + 2 * BC * PITCH;
         const int k0 = j * BC;
 
         /* S = Q K_j^T (raw scores, fp32); each K fragment feeds MT row tiles */
@@ -234,7 +248,7 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
             uint32_t af[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                const uint32_t qaddr = smem_addr(sQ + swz<PITCH>(warp * WR + mt * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+                const uint32_t qaddr = sQ_addr + 2 * (q_off[kk & 3] + 64 * (kk >> 2) + mt * 16 * PITCH);
                 if (Q_IN_REGS) {
                     if (j == t_begin) ldmatrix_x4(qaddr, qf[Q_IN_REGS ? mt : 0][Q_IN_REGS ? kk : 0]);
 #pragma unroll
@@ -246,8 +260,7 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
 #pragma unroll
             for (int np = 0; np < NS / 2; np++) {
                 uint32_t bf[4];
-                const int mi = lane >> 3;
-                ldmatrix_x4(smem_addr(sK + swz<PITCH>(np * 16 + (lane & 7) + (mi >> 1) * 8, kk * 16 + (mi & 1) * 8)), bf);
+                ldmatrix_x4(sK_addr + 2 * (k_off[kk & 3] + 64 * (kk >> 2) + np * 16 * PITCH), bf);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     mma16816<T>(s[mt][2 * np], af[mt], bf[0], bf[1]);
@@ -277,7 +290,9 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
         }
 
         /* m_new = max(m_i, rowmax(S) * c), c = scale log2e;  P = exp2(S c - m_new);
-         * l_i = exp2(m_i - m_new) l_i + rowsum(P);  O_i = exp2(m_i - m_new) O_i */
+         * l_i = exp2(m_i - m_new) l_i + rowsum(P);  O_i = exp2(m_i - m_new) O_i.
+         * P is packed to T pairs at once (pk[mt][n][r]: row g + 8r), so the fp32 scores die here. */
+        uint32_t pk[MT][NS][2];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -293,9 +308,10 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
                 float sum = 0.f;
 #pragma unroll
                 for (int n = 0; n < NS; n++) {
-                    s[mt][n][2 * r] = exp2_approx(fmaf(s[mt][n][2 * r], mul, -m_use));
-                    s[mt][n][2 * r + 1] = exp2_approx(fmaf(s[mt][n][2 * r + 1], mul, -m_use));
-                    sum += s[mt][n][2 * r] + s[mt][n][2 * r + 1];
+                    const float p0 = exp2_approx(fmaf(s[mt][n][2 * r], mul, -m_use));
+                    const float p1 = exp2_approx(fmaf(s[mt][n][2 * r + 1], mul, -m_use));
+                    sum += p0 + p1;
+                    pk[mt][n][r] = pack2<T>(p0, p1);
                 }
                 l_i[mt][r] = l_i[mt][r] * alpha + sum;
 #pragma unroll
@@ -311,16 +327,15 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
             uint32_t af[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                af[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                af[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                af[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                af[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                af[mt][0] = pk[mt][2 * kk][0];
+                af[mt][1] = pk[mt][2 * kk][1];
+                af[mt][2] = pk[mt][2 * kk + 1][0];
+                af[mt][3] = pk[mt][2 * kk + 1][1];
             }
 #pragma unroll
             for (int np = 0; np < NO / 2; np++) {
                 uint32_t bf[4];
-                const int mi = lane >> 3;
-                ldmatrix_x4_trans(smem_addr(sV + swz<PITCH>(kk * 16 + (lane & 7) + (mi & 1) * 8, np * 16 + (mi >> 1) * 8)), bf);
+                ldmatrix_x4_trans(sV_addr + 2 * (v_off[np & 3] + 64 * (np >> 2) + kk * 16 * PITCH), bf);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     mma16816<T>(acc_o[mt][2 * np], af[mt], bf[0], bf[1]);
@@ -503,11 +518,12 @@ static cudaError_t workspace_release(cudaStream_t stream, void *ptr)
     return stream_capturing(stream) ? cudaFreeAsync(ptr, stream) : cudaSuccess;
 }
 
-/* KV splits: only when the query tiles leave at least half the SMs idle and each split keeps two KV
- * tiles; the split counters then fit FS_COUNTER_BYTES. */
+/* KV splits: only when the query tiles leave at least half the SMs idle and the key range is long
+ * (16+ tiles: below that the merge costs more than the parallelism saves, measured on the H200);
+ * each split keeps two KV tiles, and the split counters fit FS_COUNTER_BYTES. */
 static int choose_splits(long long blocks, int n_kv, int sm_count)
 {
-    if (2 * blocks > sm_count || n_kv < 4 || blocks > FS_COUNTER_BYTES / (long long)sizeof(int)) return 1;
+    if (2 * blocks > sm_count || n_kv < 16 || blocks > FS_COUNTER_BYTES / (long long)sizeof(int)) return 1;
     int s = (int)((sm_count + blocks - 1) / blocks);
     s = s < n_kv / 2 ? s : n_kv / 2;
     return s < FS_MAX_SPLITS ? s : FS_MAX_SPLITS;
