@@ -186,12 +186,56 @@ class TestGpuErrors:
             flashsci.attention(q, q, q, out=torch.empty(1, 2, 16, 64, dtype=torch.float16))
 
     def test_no_leak_on_gpu(self):
+        """Device memory flat over 100k calls, torch outputs and flashsci.Array outputs (split path too)."""
         q = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.float16)
+        long_k = torch.randn(1, 2, 3000, 64, device="cuda", dtype=torch.float16)   # takes the split-KV path
+        wrapped = [DLPackOnly(x) for x in (q, q, q)]
         for _ in range(1000):
             flashsci.attention(q, q, q)
+            flashsci.attention(q, long_k, long_k)
+            flashsci.attention(*wrapped)
         torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        for _ in range(20000):
+        before, free_before = torch.cuda.memory_allocated(), torch.cuda.mem_get_info()[0]
+        for _ in range(100000):
             flashsci.attention(q, q, q)
+        for _ in range(5000):
+            flashsci.attention(q, long_k, long_k)
+            flashsci.attention(*wrapped)
         torch.cuda.synchronize()
         assert torch.cuda.memory_allocated() == before
+        assert free_before - torch.cuda.mem_get_info()[0] < 64 << 20
+
+
+class DLPackOnly:
+    """A foreign CUDA array that speaks only DLPack (as CuPy or JAX do), wrapping a torch tensor."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, stream=None, max_version=None, **kw):
+        return self.t.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+def test_cuda_array_interface_stream_is_honoured():
+    """A CAI v3 producer on another stream: flashsci makes its own stream wait for the producer's."""
+    side = torch.cuda.Stream()
+    x = torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.float16)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)          # keep the producer stream busy ...
+        q = x * 2                               # ... then produce q on it
+
+    class OnSide:
+        @property
+        def __cuda_array_interface__(self):
+            d = dict(q.__cuda_array_interface__)
+            d["stream"] = side.cuda_stream
+            return d
+
+    out = flashsci.attention(OnSide(), x, x)    # flashsci.Array on the legacy default stream
+    got = torch.from_dlpack(out)
+    torch.cuda.synchronize()
+    expect = F.scaled_dot_product_attention(x * 2, x, x)
+    assert (got - expect).abs().max().item() < 2e-2
