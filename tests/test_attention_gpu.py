@@ -223,6 +223,7 @@ def test_cuda_array_interface_stream_is_honoured():
     """A CAI v3 producer on another stream: flashsci makes its own stream wait for the producer's."""
     side = torch.cuda.Stream()
     x = torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.float16)
+    side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         torch.cuda._sleep(20_000_000)          # keep the producer stream busy ...
         q = x * 2                               # ... then produce q on it
