@@ -81,5 +81,6 @@ int fs_gpu_pointer_device(const void *ptr, int *device);
 void *fs_gpu_malloc_async(size_t bytes, uintptr_t stream, int device);
 void fs_gpu_free_async(void *ptr, uintptr_t stream, int device);
 int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream);
+PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device);   /* dict: tiles, grid, waves */
 
 #endif

@@ -121,7 +121,8 @@ void fs_gpu_free_async(void *ptr, uintptr_t stream, int device)
     if (prev != device) cudaSetDevice(prev);
 }
 
-int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream)
+/* Launch attention on device, or with plan non-NULL describe the launch as a dict in *plan. */
+static int attention_launch(const fs_attn_params *p, int device, uintptr_t stream, PyObject **plan)
 {
     fs_gpu_props props;
     if (fs_gpu_props_get(device, &props) < 0) return -1;
@@ -132,10 +133,30 @@ int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream)
     }
     int prev;
     if (fs_gpu_device_enter(device, &prev) < 0) return -1;
-    cudaError_t err = fs_attention_sm80(p, device, props.sm_count, (cudaStream_t)stream);
+    fs_sm80_plan pl;
+    cudaError_t err = fs_attention_sm80(p, device, props.sm_count, (cudaStream_t)stream, plan ? &pl : NULL);
     fs_gpu_device_leave(prev, device);
-    if (err != cudaSuccess) return cuda_fail(err, "attention kernel launch");
+    if (err != cudaSuccess) return cuda_fail(err, plan ? "attention launch plan" : "attention kernel launch");
+    if (plan) {
+        const double waves = pl.blocks_per_sm ? (double)pl.blocks / ((double)pl.blocks_per_sm * props.sm_count) : 0.0;
+        *plan = Py_BuildValue("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:i,s:d}", "variant", pl.small ? "small" : "big",
+                              "Br", pl.br, "Bc", pl.bc, "threads", pl.threads, "smem", pl.smem, "q_tiles", pl.n_qtiles,
+                              "kv_splits", pl.n_splits, "blocks", pl.blocks, "blocks_per_sm", pl.blocks_per_sm,
+                              "sm_count", props.sm_count, "waves", waves);
+        if (!*plan) return -1;
+    }
     return 0;
+}
+
+int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream)
+{
+    return attention_launch(p, device, stream, NULL);
+}
+
+PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device)
+{
+    PyObject *plan = NULL;
+    return attention_launch(p, device, 0, &plan) < 0 ? NULL : plan;
 }
 
 #else /* no CUDA toolkit at build time */
@@ -159,5 +180,6 @@ int fs_gpu_pointer_device(const void *ptr, int *device) { (void)ptr; (void)devic
 void *fs_gpu_malloc_async(size_t b, uintptr_t s, int d) { (void)b; (void)s; (void)d; no_cuda(); return NULL; }
 void fs_gpu_free_async(void *ptr, uintptr_t s, int d) { (void)ptr; (void)s; (void)d; }
 int fs_gpu_attention(const fs_attn_params *p, int d, uintptr_t s) { (void)p; (void)d; (void)s; return no_cuda(); }
+PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int d) { (void)p; (void)d; no_cuda(); return NULL; }
 
 #endif

@@ -60,6 +60,25 @@ static PyObject *inspect_tensor(PyObject *module, PyObject *const *args, Py_ssiz
     return d;
 }
 
+/* _launch_plan(B, H, Sq, Sk, D, causal=False, device=0): how the CUDA kernel would be launched (fp16). */
+static PyObject *launch_plan(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"B", "H", "Sq", "Sk", "D", "causal", "device", NULL};
+    fs_attn_params p;
+    int causal = 0, device = 0;
+    (void)module;
+    memset(&p, 0, sizeof p);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiii|pi:_launch_plan", kwlist, &p.B, &p.H, &p.Sq, &p.Sk, &p.D,
+                                     &causal, &device))
+        return NULL;
+    if (p.B < 1 || p.H < 1 || p.Sq < 1 || p.Sk < 1 || (p.D != 32 && p.D != 64 && p.D != 96 && p.D != 128 && p.D != 256))
+        return PyErr_Format(PyExc_ValueError, "_launch_plan: sizes must be >= 1 and D one of 32, 64, 96, 128, 256");
+    p.causal = causal;
+    p.dtype = FS_F16;
+    p.scale = 1.0;
+    return fs_gpu_attention_plan(&p, device);
+}
+
 /* build_info(): how this extension was built. */
 static PyObject *build_info(PyObject *module, PyObject *unused)
 {
@@ -81,6 +100,7 @@ static PyMethodDef module_methods[] = {
     {"device_info", (PyCFunction)(void (*)(void))device_info, METH_FASTCALL, "Properties of a CUDA device."},
     {"build_info", build_info, METH_NOARGS, "How this extension was built."},
     {"_inspect", (PyCFunction)(void (*)(void))inspect_tensor, METH_FASTCALL, "What flashsci reads from an array object."},
+    {"_launch_plan", (PyCFunction)(void (*)(void))launch_plan, METH_VARARGS | METH_KEYWORDS, "How a CUDA attention problem is launched."},
     {NULL, NULL, 0, NULL},
 };
 

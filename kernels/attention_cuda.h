@@ -10,10 +10,16 @@
 extern "C" {
 #endif
 
+/* How a problem is launched: tile variant, grid, KV splits and resident blocks per SM. */
+typedef struct {
+    int small, br, bc, threads, smem, n_qtiles, n_splits, blocks_per_sm;
+    long long blocks;
+} fs_sm80_plan;
+
 /* Launch tensor-core flash attention (sm_80+, fp16/bf16, D in {32, 64, 96, 128, 256}) on stream; device
- * is the current device. sm_count sizes the grid (KV splits for small problems). Returns the launch's
- * error code. */
-cudaError_t fs_attention_sm80(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream);
+ * is the current device. sm_count sizes the grid (KV splits for small problems). With plan non-NULL
+ * nothing is launched: the plan is filled instead. Returns the launch's error code. */
+cudaError_t fs_attention_sm80(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan);
 
 #ifdef __cplusplus
 }

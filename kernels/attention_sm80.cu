@@ -529,15 +529,16 @@ static int choose_splits(long long blocks, int n_kv, int sm_count)
     return s < FS_MAX_SPLITS ? s : FS_MAX_SPLITS;
 }
 
-/* Launch one tile variant: grid = query tiles x KV splits x batch*heads, flattened. */
+/* Launch one tile variant (grid = query tiles x KV splits x batch*heads, flattened), or only describe it. */
 template <int D, typename T, bool SMALL>
-static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int device, cudaStream_t stream)
+static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int device, cudaStream_t stream, fs_sm80_plan *plan)
 {
     using tile = fs_tile<D, SMALL>;
     constexpr int BR = 16 * tile::MT * tile::WARPS, BC = tile::BC, THREADS = 32 * tile::WARPS;
     constexpr int SMEM = (BR + 2 * BC * tile::STAGES) * fs_pitch<D>::VALUE * (int)sizeof(T);
     static unsigned long long prepared;
-    cudaError_t err = prepare_kernel((const void *)attention_fwd_sm80<D, T, SMALL>, SMEM, device, &prepared);
+    const void *kernel = (const void *)attention_fwd_sm80<D, T, SMALL>;
+    cudaError_t err = prepare_kernel(kernel, SMEM, device, &prepared);
     if (err != cudaSuccess) return err;
 
     fs_sm80_args a;
@@ -549,6 +550,17 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
     a.o_part = a.lse_part = NULL;
     a.counters = NULL;
     if (blocks * a.n_splits > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    if (plan) {
+        plan->small = SMALL;
+        plan->br = BR;
+        plan->bc = BC;
+        plan->threads = THREADS;
+        plan->smem = SMEM;
+        plan->n_qtiles = a.n_qtiles;
+        plan->n_splits = a.n_splits;
+        plan->blocks = blocks * a.n_splits;
+        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&plan->blocks_per_sm, kernel, THREADS, SMEM);
+    }
     void *ws = NULL;
     if (a.n_splits > 1) {
         const size_t rows = (size_t)bh * p->Sq * a.n_splits;
@@ -559,8 +571,7 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
         a.lse_part = a.o_part + rows * D;
     }
     void *args[] = {&a};
-    err = cudaLaunchKernel((const void *)attention_fwd_sm80<D, T, SMALL>, dim3((unsigned)(blocks * a.n_splits)),
-                           dim3(THREADS), args, SMEM, stream);
+    err = cudaLaunchKernel(kernel, dim3((unsigned)(blocks * a.n_splits)), dim3(THREADS), args, SMEM, stream);
     if (ws) {
         cudaError_t rerr = workspace_release(stream, ws);
         if (err == cudaSuccess) err = rerr;
@@ -570,30 +581,32 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
 
 /* Big tiles when they fill the SMs, else the small-tile variant. */
 template <int D, typename T>
-static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream)
+static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan)
 {
     using big = fs_tile<D, false>;
     constexpr int BR = 16 * big::MT * big::WARPS;
-    if ((long long)p->B * p->H * ((p->Sq + BR - 1) / BR) < sm_count) return launch_variant<D, T, true>(p, sm_count, device, stream);
-    return launch_variant<D, T, false>(p, sm_count, device, stream);
+    if ((long long)p->B * p->H * ((p->Sq + BR - 1) / BR) < sm_count)
+        return launch_variant<D, T, true>(p, sm_count, device, stream, plan);
+    return launch_variant<D, T, false>(p, sm_count, device, stream, plan);
 }
 
 template <typename T>
-static cudaError_t launch_dtype(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream)
+static cudaError_t launch_dtype(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan)
 {
     switch (p->D) {
-    case 32: return launch<32, T>(p, device, sm_count, stream);
-    case 64: return launch<64, T>(p, device, sm_count, stream);
-    case 96: return launch<96, T>(p, device, sm_count, stream);
-    case 128: return launch<128, T>(p, device, sm_count, stream);
-    case 256: return launch<256, T>(p, device, sm_count, stream);
+    case 32: return launch<32, T>(p, device, sm_count, stream, plan);
+    case 64: return launch<64, T>(p, device, sm_count, stream, plan);
+    case 96: return launch<96, T>(p, device, sm_count, stream, plan);
+    case 128: return launch<128, T>(p, device, sm_count, stream, plan);
+    case 256: return launch<256, T>(p, device, sm_count, stream, plan);
     default: return cudaErrorInvalidValue;
     }
 }
 
-extern "C" cudaError_t fs_attention_sm80(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream)
+extern "C" cudaError_t fs_attention_sm80(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream,
+                                         fs_sm80_plan *plan)
 {
-    if (p->dtype == FS_F16) return launch_dtype<__half>(p, device, sm_count, stream);
-    if (p->dtype == FS_BF16) return launch_dtype<__nv_bfloat16>(p, device, sm_count, stream);
+    if (p->dtype == FS_F16) return launch_dtype<__half>(p, device, sm_count, stream, plan);
+    if (p->dtype == FS_BF16) return launch_dtype<__nv_bfloat16>(p, device, sm_count, stream, plan);
     return cudaErrorInvalidValue;
 }

@@ -129,6 +129,8 @@ def run_gpu(sets, dtype_name, out_dir, head_dim=None):
                     row[f"{name}_kernel_us"] = graph_kernel_time_us(torch, sdpa, inputs)
             except RuntimeError:
                 row[f"{name}_kernel_us"] = None
+        plan = flashsci._flashsci._launch_plan(b, h, s, s, d, causal)
+        row.update(variant=plan["variant"], blocks=plan["blocks"], kv_splits=plan["kv_splits"], waves=plan["waves"])
         row["flashsci_per_call_us"] = per_call_us(torch, fs, inputs[0])
         row["sdpa_per_call_us"] = per_call_us(torch, sdpa, inputs[0])
         row["flashsci_host_us"] = per_call_us(torch, fs, inputs[0], n=100, sync=False)
@@ -159,7 +161,7 @@ def _fmt(x, spec=".1f"):
 
 GPU_COLS = [("config", 22), ("causal", 6), ("fs us", 8), ("flash us", 8), ("cudnn us", 8), ("fs TF/s", 7),
             ("flash TF/s", 10), ("cudnn TF/s", 10), ("fs/flash", 8), ("fs/best", 7), ("fs call", 7),
-            ("sdpa call", 9), ("call ratio", 10), ("fs host", 7), ("max diff", 8)]
+            ("sdpa call", 9), ("call ratio", 10), ("fs host", 7), ("blocks", 7), ("waves", 6), ("max diff", 8)]
 
 
 def _gpu_cells(r):
@@ -168,7 +170,7 @@ def _gpu_cells(r):
             _fmt(r["flashsci_tflops"]), _fmt(r["flash_tflops"]), _fmt(r["cudnn_tflops"]),
             _fmt(r["ratio_kernel_vs_flash"], ".2f"), _fmt(r["ratio_kernel_vs_best"], ".2f"),
             _fmt(r["flashsci_per_call_us"]), _fmt(r["sdpa_per_call_us"]), _fmt(r["ratio_per_call_vs_sdpa"], ".2f"),
-            _fmt(r["flashsci_host_us"]), _fmt(r["max_abs_diff_vs_sdpa"], ".1e")]
+            _fmt(r["flashsci_host_us"]), str(r["blocks"]), _fmt(r["waves"], ".2f"), _fmt(r["max_abs_diff_vs_sdpa"], ".1e")]
 
 
 def _fmt_gpu_row(r):
@@ -187,7 +189,8 @@ def _gpu_markdown(rows, meta):
     lines = [f"# flashsci attention vs torch SDPA — {meta['gpu']}", "",
              f"torch {meta['torch']}, cuDNN {meta['cudnn']}, dtype {meta['dtype']}, {meta['date']}. "
              "Kernel times by CUDA-graph replay over input sets larger than L2 (median); per-call = back-to-back "
-             "Python calls including host overhead; TF/s = 4·B·H·S²·D (half for causal) / kernel time.", "",
+             "Python calls including host overhead; TF/s = 4·B·H·S²·D (half for causal) / kernel time; blocks = "
+             "thread blocks launched (query tiles × KV splits × B·H), waves = blocks / (resident blocks per SM × SMs).", "",
              "| " + " | ".join(n for n, _ in GPU_COLS) + " |", "|" + "---|" * len(GPU_COLS)]
     lines += ["| " + " | ".join(_gpu_cells(r)) + " |" for r in rows]
     return "\n".join(lines) + "\n"
