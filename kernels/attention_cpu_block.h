@@ -3,7 +3,7 @@
  * a query block Q_i of Br rows streams over key/value blocks K_j, V_j of Bc rows, keeping the running
  * row max m_i, the running denominator l_i and the unnormalised output O_i. */
 
-static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h, int64_t i0, REAL *scratch)
+FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h, int64_t i0, REAL *scratch)
 {
     const int D = p->D;
     const int64_t rows = (p->Sq - i0) < FS_CPU_BR ? (p->Sq - i0) : FS_CPU_BR;
@@ -32,15 +32,18 @@ static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h, int64_t i0, 
             for (int d = 0; d < D; d++) Kt[(int64_t)d * FS_CPU_BC + c] = row[d];
             LOAD_ROW(vb + es * (b * p->v_sb + h * p->v_sh + (j0 + c) * p->v_ss), p->dtype, Vj + (int64_t)c * D, D);
         }
+        for (int d = 0; cols < FS_CPU_BC && d < D; d++) /* zero the unused columns: full-width products below */
+            for (int c = cols; c < FS_CPU_BC; c++) Kt[(int64_t)d * FS_CPU_BC + c] = 0;
         for (int64_t r = 0; r < rows; r++) {
             REAL *s = S + r * FS_CPU_BC;
-            /* S_ij = (scale Q_i) K_j^T */
-            for (int c = 0; c < cols; c++) s[c] = 0;
+            /* S_ij = (scale Q_i) K_j^T: a row of Bc accumulators with a compile-time width stays in registers */
+            REAL acc[FS_CPU_BC] = {0};
             for (int d = 0; d < D; d++) {
                 const REAL qd = Qi[r * D + d];
                 const REAL *kt = Kt + (int64_t)d * FS_CPU_BC;
-                for (int c = 0; c < cols; c++) s[c] += qd * kt[c];
+                for (int c = 0; c < FS_CPU_BC; c++) acc[c] += qd * kt[c];
             }
+            for (int c = 0; c < cols; c++) s[c] = acc[c];
             if (p->causal)
                 for (int c = 0; c < cols; c++)
                     if (j0 + c > i0 + r) s[c] = -INFINITY;
@@ -53,13 +56,24 @@ static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h, int64_t i0, 
             for (int c = 0; c < cols; c++) { s[c] = EXP(s[c] - mx); sum += s[c]; }
             l[r] = alpha * l[r] + sum;
             m[r] = mx;
-            /* O_i = e^(m_i - m_new) O_i + P_ij V_j */
+            /* O_i = e^(m_i - m_new) O_i + P_ij V_j, in register chunks of FS_CPU_DW columns */
             REAL *o = Oi + r * D;
-            for (int d = 0; d < D; d++) o[d] *= alpha;
-            for (int c = 0; c < cols; c++) {
+            int d0 = 0;
+            for (; d0 + FS_CPU_DW <= D; d0 += FS_CPU_DW) {
+                REAL oc[FS_CPU_DW];
+                for (int e = 0; e < FS_CPU_DW; e++) oc[e] = o[d0 + e] * alpha;
+                for (int c = 0; c < cols; c++) {
+                    const REAL pc = s[c];
+                    const REAL *vr = Vj + (int64_t)c * D + d0;
+                    for (int e = 0; e < FS_CPU_DW; e++) oc[e] += pc * vr[e];
+                }
+                for (int e = 0; e < FS_CPU_DW; e++) o[d0 + e] = oc[e];
+            }
+            for (int d = d0; d < D; d++) o[d] *= alpha;
+            for (int c = 0; c < cols && d0 < D; c++) {
                 const REAL pc = s[c];
                 const REAL *vr = Vj + (int64_t)c * D;
-                for (int d = 0; d < D; d++) o[d] += pc * vr[d];
+                for (int d = d0; d < D; d++) o[d] += pc * vr[d];
             }
         }
     }
