@@ -17,8 +17,16 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#define FS_CPU_BR 32 /* query rows per block   */
-#define FS_CPU_BC 64 /* key rows per block     */
+#define FS_CPU_BR 32 /* query rows per block                          */
+#define FS_CPU_BC 64 /* key rows per block                            */
+#define FS_CPU_DW 64 /* output columns kept in registers in O += P V  */
+
+/* x86-64 with GCC: an AVX2/FMA clone of the block kernel beside the portable one, picked at load time */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FS_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define FS_CPU_CLONES
+#endif
 
 /* Bytes per element of a dtype. */
 static size_t fs_dtype_size(fs_dtype dt)
