@@ -309,30 +309,30 @@ static int is_contiguous(const fs_tensor *t)
     return 1;
 }
 
+/* A new torch tensor: torch.empty_like(q) when shape and dtype are q's and q is contiguous (the cheapest
+ * allocation, 1.3 us against 1.9 for new_empty), else q.new_empty(shape[, dtype=]). */
+static PyObject *torch_new(fs_state *st, const fs_tensor *q, int ndim, const int64_t *shape, fs_dtype dtype)
+{
+    if (dtype == q->dtype && ndim == q->ndim && !memcmp(shape, q->shape, ndim * sizeof *shape) && is_contiguous(q))
+        return PyObject_CallOneArg(st->torch_empty_like, q->obj);
+    PyObject *size = PyTuple_New(ndim), *obj = NULL, *kwnames = NULL;
+    if (!size) return NULL;
+    for (int i = 0; i < ndim; i++) PyTuple_SET_ITEM(size, i, PyLong_FromLongLong(shape[i]));
+    PyObject *args[3] = {q->obj, size, st->torch_dtype[dtype]};
+    if (dtype == q->dtype || (kwnames = PyTuple_Pack(1, st->s_dtype)))
+        obj = PyObject_VectorcallMethod(st->s_new_empty, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+    Py_DECREF(size);
+    Py_XDECREF(kwnames);
+    return obj;
+}
+
 /* New uninitialised output in q's framework: torch tensor, NumPy array or flashsci.Array. */
 static PyObject *new_output(fs_state *st, const fs_tensor *q, int ndim, const int64_t *shape, fs_dtype dtype,
                             uintptr_t stream, char **data)
 {
     PyObject *obj = NULL;
-    if (q->source == FS_SRC_TORCH && dtype == q->dtype && ndim == q->ndim && is_contiguous(q)) {
-        if (!(obj = PyObject_CallOneArg(st->torch_empty_like, q->obj))) return NULL;
-        PyObject *ptr = PyObject_VectorcallMethod(st->s_data_ptr, &obj, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        if (!ptr || (!(*data = PyLong_AsVoidPtr(ptr)) && PyErr_Occurred())) {
-            Py_XDECREF(ptr);
-            Py_DECREF(obj);
-            return NULL;
-        }
-        Py_DECREF(ptr);
-    } else if (q->source == FS_SRC_TORCH) {
-        PyObject *size = PyTuple_New(ndim);
-        if (!size) return NULL;
-        for (int i = 0; i < ndim; i++) PyTuple_SET_ITEM(size, i, PyLong_FromLongLong(shape[i]));
-        PyObject *args[3] = {q->obj, size, st->torch_dtype[dtype]}, *kwnames = NULL;
-        if (dtype == q->dtype || (kwnames = PyTuple_Pack(1, st->s_dtype)))
-            obj = PyObject_VectorcallMethod(st->s_new_empty, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
-        Py_DECREF(size);
-        Py_XDECREF(kwnames);
-        if (!obj) return NULL;
+    if (q->source == FS_SRC_TORCH) {
+        if (!(obj = torch_new(st, q, ndim, shape, dtype))) return NULL;
         PyObject *ptr = PyObject_VectorcallMethod(st->s_data_ptr, &obj, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         if (!ptr || (!(*data = PyLong_AsVoidPtr(ptr)) && PyErr_Occurred())) {
             Py_XDECREF(ptr);

@@ -15,8 +15,12 @@
  * Small problems (fewer blocks than SMs) split the KV range over blocks; a combine kernel merges the
  * partial results by their logsumexp.
  *
- * History (H100/H200, see benchmarks/results/ for the full tables):
- *   v1  this design; numbers in benchmarks/results/attention_*.md.
+ * History (H200 fp16, TF/s at D=64 / D=128 on long sequences, FA2 = 298 / 337; benchmarks/NOTES.md):
+ *   v1  16 rows per warp, 2 barriers per tile, single K/V buffers             200 / 208
+ *   v2  2 row tiles per warp, 3-stage cp.async ring, scale in the exp2 FFMA   266 / 257
+ *   v3  FA2 tile shapes, small-tile variant, KV splits merged in-kernel       293 / 245 (spills)
+ *   v5  split merge with all loads in flight (was latency-bound, 40 us)
+ *   v6  precomputed ldmatrix lane offsets (no spills at D=128)                296 / 280
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
