@@ -102,7 +102,8 @@ static void array_capsule_destructor(PyObject *cap)
 /* Fill a DLTensor view of the array. */
 static void array_dltensor(fs_array *a, DLTensor *d)
 {
-    static const DLDataType types[FS_NUM_DTYPES] = {{kDLFloat, 16, 1}, {kDLBfloat, 16, 1}, {kDLFloat, 32, 1}, {kDLFloat, 64, 1}};
+    static const DLDataType types[FS_NUM_DTYPES] = {{kDLFloat, 16, 1}, {kDLBfloat, 16, 1}, {kDLFloat, 32, 1}, {kDLFloat, 64, 1},
+                                                    {kDLBool, 8, 1},   {kDLInt, 32, 1},    {kDLInt, 64, 1}};
     d->data = a->data;
     d->device.device_type = a->is_cuda ? kDLCUDA : kDLCPU;
     d->device.device_id = a->is_cuda ? a->device : 0;
@@ -202,7 +203,7 @@ static PyObject *array_device(PyObject *self, void *closure)
 /* NumPy-style typestr, or NULL with AttributeError for bfloat16 (no standard typestr). */
 static const char *array_typestr(fs_array *a, const char *proto)
 {
-    static const char *typestr[FS_NUM_DTYPES] = {"<f2", NULL, "<f4", "<f8"};
+    static const char *typestr[FS_NUM_DTYPES] = {"<f2", NULL, "<f4", "<f8", "|b1", "<i4", "<i8"};
     if (!typestr[a->dtype])
         PyErr_Format(PyExc_AttributeError, "bfloat16 has no %s typestr; use __dlpack__", proto);
     return typestr[a->dtype];

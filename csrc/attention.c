@@ -386,10 +386,10 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
 
     if (parse_args(st, args, nargs, kwnames, &a) < 0) return NULL;
     if (a.stream && fs_parse_stream(st, a.stream, &stream) < 0) return NULL;
-    if (fs_tensor_import(st, a.q, "q", stream, FS_ROUTE_AUTO, &tq) < 0) goto done;
+    if (fs_tensor_import(st, a.q, "q", stream, FS_ROUTE_AUTO, FS_FLOATS, &tq) < 0) goto done;
     if (!a.stream && tq.is_cuda && tq.source == FS_SRC_TORCH && fs_torch_current_stream(st, tq.device, &stream) < 0) goto done;
-    if (fs_tensor_import(st, a.k, "k", stream, FS_ROUTE_AUTO, &tk) < 0) goto done;
-    if (fs_tensor_import(st, a.v, "v", stream, FS_ROUTE_AUTO, &tv) < 0) goto done;
+    if (fs_tensor_import(st, a.k, "k", stream, FS_ROUTE_AUTO, FS_FLOATS, &tk) < 0) goto done;
+    if (fs_tensor_import(st, a.v, "v", stream, FS_ROUTE_AUTO, FS_FLOATS, &tv) < 0) goto done;
     if (check_inputs(&a, t) < 0) goto done;
     if (a.stream && !tq.is_cuda) {
         PyErr_SetString(PyExc_ValueError, "stream= applies to CUDA inputs, but q, k and v are on the CPU");
@@ -403,7 +403,7 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     const int64_t lshape[3] = {tq.shape[ib], tq.shape[ih], tq.shape[is]};
     const fs_dtype ldtype = tq.dtype == FS_F64 ? FS_F64 : FS_F32;
     if (a.out) {
-        if (fs_tensor_import(st, a.out, "out", stream, FS_ROUTE_AUTO, &to) < 0 || check_out(&to, t, oshape) < 0) goto done;
+        if (fs_tensor_import(st, a.out, "out", stream, FS_ROUTE_AUTO, FS_FLOATS, &to) < 0 || check_out(&to, t, oshape) < 0) goto done;
         out = Py_NewRef(a.out);
     } else {
         char *data;

@@ -52,8 +52,9 @@ size_t fs_dtype_itemsize(fs_dtype dt);
 /* tensor.c */
 typedef enum { FS_ROUTE_AUTO, FS_ROUTE_DLPACK, FS_ROUTE_CAI } fs_route;
 int fs_torch_refresh(fs_state *st);
+/* Read obj's array fields; allowed is a bit set of the dtypes this argument accepts (FS_FLOATS, ...). */
 int fs_tensor_import(fs_state *st, PyObject *obj, const char *name, uintptr_t stream, fs_route route,
-                     fs_tensor *t);
+                     unsigned allowed, fs_tensor *t);
 void fs_tensor_release(fs_tensor *t);
 int fs_torch_current_stream(fs_state *st, int device, uintptr_t *stream);
 int fs_parse_stream(fs_state *st, PyObject *obj, uintptr_t *stream);

@@ -13,11 +13,15 @@ fs_state *fs_get_state(PyObject *module) { return (fs_state *)PyModule_GetState(
 
 const char *fs_dtype_name(fs_dtype dt)
 {
-    static const char *names[FS_NUM_DTYPES] = {"float16", "bfloat16", "float32", "float64"};
+    static const char *names[FS_NUM_DTYPES] = {"float16", "bfloat16", "float32", "float64", "bool", "int32", "int64"};
     return (unsigned)dt < FS_NUM_DTYPES ? names[dt] : "unknown";
 }
 
-size_t fs_dtype_itemsize(fs_dtype dt) { return dt == FS_F64 ? 8 : dt == FS_F32 ? 4 : 2; }
+size_t fs_dtype_itemsize(fs_dtype dt)
+{
+    static const size_t sizes[FS_NUM_DTYPES] = {2, 2, 4, 8, 1, 4, 8};
+    return sizes[dt];
+}
 
 /* cuda_device_count(): CUDA devices visible, 0 without a driver or in a CPU-only build. */
 static PyObject *cuda_device_count(PyObject *module, PyObject *unused)
@@ -54,7 +58,7 @@ static PyObject *inspect_tensor(PyObject *module, PyObject *const *args, Py_ssiz
             return PyErr_Format(PyExc_ValueError, "route must be 'auto', 'dlpack' or 'cai', got %R", args[1]);
     }
     fs_tensor t;
-    if (fs_tensor_import(st, args[0], "obj", 0, route, &t) < 0) return NULL;
+    if (fs_tensor_import(st, args[0], "obj", 0, route, (1u << FS_NUM_DTYPES) - 1, &t) < 0) return NULL;
     PyObject *d = fs_tensor_describe(&t);
     fs_tensor_release(&t);
     return d;
@@ -144,6 +148,7 @@ static int module_exec(PyObject *module)
 /* Visit or clear every object the state holds. */
 #define FS_STATE_OBJECTS(X)                                                                                \
     X(array_type) X(torch_tensor_type) X(torch_dtype[0]) X(torch_dtype[1]) X(torch_dtype[2]) X(torch_dtype[3]) \
+    X(torch_dtype[4]) X(torch_dtype[5]) X(torch_dtype[6])                                                       \
     X(torch_current_stream) X(torch_empty_like) X(s_dtype) X(s_shape) X(s_stride) X(s_data_ptr) X(s_is_cuda)   \
     X(s_is_cpu) X(s_get_device) X(s_new_empty) X(s_requires_grad) X(s_device) X(s_dlpack) X(s_dlpack_device)   \
     X(s_cai) X(s_stream) X(s_max_version) X(s_cuda_stream) X(s_cuda_stream_proto) X(kw_names)

@@ -8,12 +8,25 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
-#define FS_SUPPORTED "float16, bfloat16, float32 or float64"
+/* The allowed dtypes as "float16, bfloat16, float32 or float64", for error messages. */
+static const char *expected_list(unsigned allowed, char *buf, size_t n)
+{
+    int count = 0, seen = 0;
+    for (int i = 0; i < FS_NUM_DTYPES; i++) count += (allowed >> i) & 1;
+    buf[0] = 0;
+    for (int i = 0; i < FS_NUM_DTYPES; i++) {
+        if (!((allowed >> i) & 1)) continue;
+        size_t used = strlen(buf);
+        snprintf(buf + used, n - used, "%s%s", seen == 0 ? "" : seen == count - 1 ? " or " : ", ", fs_dtype_name((fs_dtype)i));
+        seen++;
+    }
+    return buf;
+}
 
 /* Cache torch.Tensor, its dtypes and the raw-stream getter once the user has imported torch. */
 int fs_torch_refresh(fs_state *st)
 {
-    static const char *dtype_names[FS_NUM_DTYPES] = {"float16", "bfloat16", "float32", "float64"};
+    static const char *dtype_names[FS_NUM_DTYPES] = {"float16", "bfloat16", "float32", "float64", "bool", "int32", "int64"};
     if (st->torch_tensor_type) return 0;
     PyObject *modules = PyImport_GetModuleDict(); /* borrowed */
     PyObject *torch = PyDict_GetItemString(modules, "torch");
@@ -76,16 +89,19 @@ static int check_ndim(const char *name, int64_t ndim)
 }
 
 /* NumPy route: read the array's fields directly. */
-static int import_numpy(PyObject *obj, const char *name, fs_tensor *t)
+static int import_numpy(PyObject *obj, const char *name, unsigned allowed, fs_tensor *t)
 {
     PyArrayObject *a = (PyArrayObject *)obj;
-    switch (PyArray_TYPE(a)) {
-    case NPY_HALF: t->dtype = FS_F16; break;
-    case NPY_FLOAT: t->dtype = FS_F32; break;
-    case NPY_DOUBLE: t->dtype = FS_F64; break;
-    default:
-        PyErr_Format(PyExc_TypeError, "%s: dtype %S is not supported (expected " FS_SUPPORTED ")", name,
-                     (PyObject *)PyArray_DESCR(a));
+    const char kind = PyArray_DESCR(a)->kind;
+    const npy_intp size = PyArray_ITEMSIZE(a);
+    t->dtype = FS_NUM_DTYPES;
+    if (kind == 'f') t->dtype = size == 2 ? FS_F16 : size == 4 ? FS_F32 : size == 8 ? FS_F64 : FS_NUM_DTYPES;
+    else if (kind == 'b' && size == 1) t->dtype = FS_BOOL;
+    else if (kind == 'i') t->dtype = size == 4 ? FS_I32 : size == 8 ? FS_I64 : FS_NUM_DTYPES;
+    if (t->dtype == FS_NUM_DTYPES || !((allowed >> t->dtype) & 1)) {
+        char buf[96];
+        PyErr_Format(PyExc_TypeError, "%s: dtype %S is not supported (expected %s)", name, (PyObject *)PyArray_DESCR(a),
+                     expected_list(allowed, buf, sizeof buf));
         return -1;
     }
     if (PyArray_ISBYTESWAPPED(a)) {
@@ -129,7 +145,7 @@ static PyObject *call_method0(PyObject *obj, PyObject *method)
 }
 
 /* torch route: dtype, device, shape, stride() and data_ptr() attributes (about 0.5 us, no capsule). */
-static int import_torch(fs_state *st, PyObject *obj, const char *name, fs_tensor *t)
+static int import_torch(fs_state *st, PyObject *obj, const char *name, unsigned allowed, fs_tensor *t)
 {
     PyObject *dtype = NULL, *flag = NULL, *shape = NULL, *strides = NULL, *ptr = NULL;
     int rc = -1;
@@ -137,8 +153,10 @@ static int import_torch(fs_state *st, PyObject *obj, const char *name, fs_tensor
     t->dtype = FS_NUM_DTYPES;
     for (int i = 0; i < FS_NUM_DTYPES; i++)
         if (dtype == st->torch_dtype[i]) t->dtype = (fs_dtype)i;
-    if (t->dtype == FS_NUM_DTYPES) {
-        PyErr_Format(PyExc_TypeError, "%s: dtype %S is not supported (expected torch." FS_SUPPORTED ")", name, dtype);
+    if (t->dtype == FS_NUM_DTYPES || !((allowed >> t->dtype) & 1)) {
+        char buf[96];
+        PyErr_Format(PyExc_TypeError, "%s: dtype %S is not supported (expected %s)", name, dtype,
+                     expected_list(allowed, buf, sizeof buf));
         goto done;
     }
     if (!(flag = PyObject_GetAttr(obj, st->s_is_cuda))) goto done;
@@ -186,7 +204,7 @@ done:
 }
 
 /* Fill t from a DLTensor, checking device, dtype and layout. */
-static int from_dltensor(const DLTensor *d, const char *name, fs_tensor *t)
+static int from_dltensor(const DLTensor *d, const char *name, unsigned allowed, fs_tensor *t)
 {
     if (d->device.device_type == kDLCPU) {
         t->is_cuda = 0;
@@ -200,14 +218,17 @@ static int from_dltensor(const DLTensor *d, const char *name, fs_tensor *t)
         return -1;
     }
     const DLDataType dt = d->dtype;
-    if (dt.lanes == 1 && dt.code == kDLFloat && dt.bits == 16) t->dtype = FS_F16;
+    t->dtype = FS_NUM_DTYPES;
+    if (dt.lanes == 1 && dt.code == kDLFloat)
+        t->dtype = dt.bits == 16 ? FS_F16 : dt.bits == 32 ? FS_F32 : dt.bits == 64 ? FS_F64 : FS_NUM_DTYPES;
     else if (dt.lanes == 1 && dt.code == kDLBfloat && dt.bits == 16) t->dtype = FS_BF16;
-    else if (dt.lanes == 1 && dt.code == kDLFloat && dt.bits == 32) t->dtype = FS_F32;
-    else if (dt.lanes == 1 && dt.code == kDLFloat && dt.bits == 64) t->dtype = FS_F64;
-    else {
-        char buf[48];
+    else if (dt.lanes == 1 && dt.code == kDLBool && dt.bits == 8) t->dtype = FS_BOOL;
+    else if (dt.lanes == 1 && dt.code == kDLInt) t->dtype = dt.bits == 32 ? FS_I32 : dt.bits == 64 ? FS_I64 : FS_NUM_DTYPES;
+    if (t->dtype == FS_NUM_DTYPES || !((allowed >> t->dtype) & 1)) {
+        char buf[48], list[96];
         dl_dtype_name(dt, buf, sizeof buf);
-        PyErr_Format(PyExc_TypeError, "%s: dtype %s is not supported (expected " FS_SUPPORTED ")", name, buf);
+        PyErr_Format(PyExc_TypeError, "%s: dtype %s is not supported (expected %s)", name, buf,
+                     expected_list(allowed, list, sizeof list));
         return -1;
     }
     if (check_ndim(name, d->ndim) < 0) return -1;
@@ -223,7 +244,7 @@ static int from_dltensor(const DLTensor *d, const char *name, fs_tensor *t)
 }
 
 /* DLPack route: __dlpack_device__, then __dlpack__(stream=..., max_version=(1, 0)), legacy fallback. */
-static int import_dlpack(fs_state *st, PyObject *obj, const char *name, uintptr_t stream, fs_tensor *t)
+static int import_dlpack(fs_state *st, PyObject *obj, const char *name, uintptr_t stream, unsigned allowed, fs_tensor *t)
 {
     PyObject *dev = NULL, *cap = NULL, *kwvals[2] = {NULL, NULL}, *kwnames = NULL;
     int rc = -1;
@@ -271,7 +292,7 @@ static int import_dlpack(fs_state *st, PyObject *obj, const char *name, uintptr_
         goto done;
     }
     t->source = FS_SRC_DLPACK;
-    rc = from_dltensor(d, name, t);
+    rc = from_dltensor(d, name, allowed, t);
 done:
     if (rc < 0) fs_tensor_release(t);
     Py_XDECREF(dev);
@@ -282,24 +303,26 @@ done:
     return rc;
 }
 
-/* Map a __cuda_array_interface__ typestr to a dtype. */
-static int cai_dtype(PyObject *typestr, const char *name, fs_dtype *dt)
+/* Map a __cuda_array_interface__ typestr to an allowed dtype. */
+static int cai_dtype(PyObject *typestr, const char *name, unsigned allowed, fs_dtype *dt)
 {
+    static const char *codes[FS_NUM_DTYPES] = {"f2", NULL, "f4", "f8", "b1", "i4", "i8"};
     const char *s = PyUnicode_Check(typestr) ? PyUnicode_AsUTF8(typestr) : NULL;
-    if (s && (!strcmp(s, "<f2") || !strcmp(s, "=f2"))) *dt = FS_F16;
-    else if (s && (!strcmp(s, "<f4") || !strcmp(s, "=f4"))) *dt = FS_F32;
-    else if (s && (!strcmp(s, "<f8") || !strcmp(s, "=f8"))) *dt = FS_F64;
-    else {
+    *dt = FS_NUM_DTYPES;
+    for (int i = 0; s && strlen(s) == 3 && i < FS_NUM_DTYPES; i++)
+        if (codes[i] && strchr("<=|", s[0]) && !strcmp(s + 1, codes[i])) *dt = (fs_dtype)i;
+    if (*dt == FS_NUM_DTYPES || !((allowed >> *dt) & 1)) {
+        char list[96];
         PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s: __cuda_array_interface__ typestr %R is not supported (expected '<f2', '<f4' or '<f8')",
-                     name, typestr);
+        PyErr_Format(PyExc_TypeError, "%s: __cuda_array_interface__ typestr %R is not supported (expected %s)", name,
+                     typestr, expected_list(allowed, list, sizeof list));
         return -1;
     }
     return 0;
 }
 
 /* __cuda_array_interface__ route (v2/v3): shape, typestr, data, strides, mask and the v3 stream key. */
-static int import_cai(fs_state *st, PyObject *obj, const char *name, fs_tensor *t)
+static int import_cai(fs_state *st, PyObject *obj, const char *name, unsigned allowed, fs_tensor *t)
 {
     PyObject *d = PyObject_GetAttr(obj, st->s_cai);
     int rc = -1;
@@ -319,7 +342,7 @@ static int import_cai(fs_state *st, PyObject *obj, const char *name, fs_tensor *
         PyErr_Format(PyExc_ValueError, "%s: masked arrays (__cuda_array_interface__ 'mask') are not supported", name);
         goto done;
     }
-    if (cai_dtype(typestr, name, &t->dtype) < 0) goto done;
+    if (cai_dtype(typestr, name, allowed, &t->dtype) < 0) goto done;
     if ((t->ndim = read_int_tuple(shape, name, "__cuda_array_interface__ shape", t->shape)) < 0) goto done;
     t->data = (char *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(data, 0));
     if (!t->data && PyErr_Occurred()) goto done;
@@ -353,24 +376,25 @@ done:
     return rc;
 }
 
-int fs_tensor_import(fs_state *st, PyObject *obj, const char *name, uintptr_t stream, fs_route route, fs_tensor *t)
+int fs_tensor_import(fs_state *st, PyObject *obj, const char *name, uintptr_t stream, fs_route route,
+                     unsigned allowed, fs_tensor *t)
 {
     memset(t, 0, sizeof *t);
     t->obj = obj;
     if (route == FS_ROUTE_AUTO) {
-        if (PyArray_Check(obj)) return import_numpy(obj, name, t);
+        if (PyArray_Check(obj)) return import_numpy(obj, name, allowed, t);
         if (Py_TYPE(obj) == (PyTypeObject *)st->array_type) {
-            int rc = import_dlpack(st, obj, name, stream, t);
+            int rc = import_dlpack(st, obj, name, stream, allowed, t);
             t->source = FS_SRC_ARRAY;
             return rc;
         }
         if (fs_torch_refresh(st) < 0) return -1;
         if (st->torch_tensor_type && PyObject_TypeCheck(obj, (PyTypeObject *)st->torch_tensor_type))
-            return import_torch(st, obj, name, t);
+            return import_torch(st, obj, name, allowed, t);
     }
     int has_dl = route != FS_ROUTE_CAI && PyObject_HasAttr(obj, st->s_dlpack) && PyObject_HasAttr(obj, st->s_dlpack_device);
-    if (has_dl) return import_dlpack(st, obj, name, stream, t);
-    if (route != FS_ROUTE_DLPACK && PyObject_HasAttr(obj, st->s_cai)) return import_cai(st, obj, name, t);
+    if (has_dl) return import_dlpack(st, obj, name, stream, allowed, t);
+    if (route != FS_ROUTE_DLPACK && PyObject_HasAttr(obj, st->s_cai)) return import_cai(st, obj, name, allowed, t);
     PyErr_Format(PyExc_TypeError,
                  "%s: expected an array (torch.Tensor, numpy.ndarray, or an object with __dlpack__ or "
                  "__cuda_array_interface__), got %.200s", name, Py_TYPE(obj)->tp_name);
