@@ -12,13 +12,43 @@
 
 #include "../kernels/attention_cpu.h"
 
-enum { KW_CAUSAL, KW_SCALE, KW_LAYOUT, KW_OUT, KW_RETURN_LSE, KW_STREAM, KW_COUNT };
+enum { KW_CAUSAL, KW_SCALE, KW_LAYOUT, KW_OUT, KW_RETURN_LSE, KW_STREAM, KW_KPM, KW_SEQLENS, KW_BIAS, KW_T5, KW_COUNT };
 
 typedef struct {
-    PyObject *q, *k, *v, *out, *stream;
+    PyObject *q, *k, *v, *out, *stream, *kpm, *seqlens, *bias, *t5_table;
     int causal, return_lse, bshd, has_scale;
+    int t5_buckets, t5_max_distance, t5_bidirectional;
     double scale;
 } attn_args;
+
+/* t5_bias=(table, num_buckets, max_distance, bidirectional). */
+static int parse_t5(PyObject *t5, attn_args *a)
+{
+    if (!PyTuple_Check(t5) || PyTuple_GET_SIZE(t5) != 4) {
+        PyErr_Format(PyExc_TypeError, "t5_bias must be a tuple (table, num_buckets, max_distance, bidirectional), got %.100s",
+                     Py_TYPE(t5)->tp_name);
+        return -1;
+    }
+    a->t5_table = PyTuple_GET_ITEM(t5, 0);
+    for (int i = 1; i < 3; i++)
+        if (!PyLong_Check(PyTuple_GET_ITEM(t5, i)) || PyBool_Check(PyTuple_GET_ITEM(t5, i))) {
+            PyErr_Format(PyExc_TypeError, "t5_bias: %s must be an int, got %.100s", i == 1 ? "num_buckets" : "max_distance",
+                         Py_TYPE(PyTuple_GET_ITEM(t5, i))->tp_name);
+            return -1;
+        }
+    const long nb = PyLong_AsLong(PyTuple_GET_ITEM(t5, 1)), md = PyLong_AsLong(PyTuple_GET_ITEM(t5, 2));
+    if (PyErr_Occurred()) return -1;
+    if ((a->t5_bidirectional = PyObject_IsTrue(PyTuple_GET_ITEM(t5, 3))) < 0) return -1;
+    const long max_exact = (a->t5_bidirectional ? nb / 2 : nb) / 2;
+    if (nb < 2 || nb > 1 << 16 || max_exact < 1 || md <= max_exact || md > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "t5_bias: need num_buckets >= %d and max_distance > num_buckets%s / 2 (T5 uses 32, 128), "
+                     "got num_buckets=%ld, max_distance=%ld", a->t5_bidirectional ? 4 : 2, a->t5_bidirectional ? " / 2" : "", nb, md);
+        return -1;
+    }
+    a->t5_buckets = (int)nb;
+    a->t5_max_distance = (int)md;
+    return 0;
+}
 
 /* Parse the vectorcall arguments: q, k, v positional, everything else keyword-only. */
 static int parse_args(fs_state *st, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, attn_args *a)
@@ -75,6 +105,10 @@ static int parse_args(fs_state *st, PyObject *const *args, Py_ssize_t nargs, PyO
     }
     a->out = kw[KW_OUT] == Py_None ? NULL : kw[KW_OUT];
     a->stream = kw[KW_STREAM] == Py_None ? NULL : kw[KW_STREAM];
+    a->kpm = kw[KW_KPM] == Py_None ? NULL : kw[KW_KPM];
+    a->seqlens = kw[KW_SEQLENS] == Py_None ? NULL : kw[KW_SEQLENS];
+    a->bias = kw[KW_BIAS] == Py_None ? NULL : kw[KW_BIAS];
+    if (kw[KW_T5] && kw[KW_T5] != Py_None && parse_t5(kw[KW_T5], a) < 0) return -1;
     return 0;
 }
 
@@ -298,6 +332,107 @@ static int check_out(const fs_tensor *o, fs_tensor *const t[3], const int64_t *s
     return 0;
 }
 
+/* Device and size checks shared by the optional arrays (masks, lengths, biases). */
+static int check_aux(const fs_tensor *x, const char *name, const fs_tensor *q)
+{
+    char b1[32], b2[32];
+    if (x->is_cuda != q->is_cuda || x->device != q->device) {
+        PyErr_Format(PyExc_ValueError, "%s is on %s but q is on %s", name, device_str(x, b1, sizeof b1), device_str(q, b2, sizeof b2));
+        return -1;
+    }
+    if (check_sizes(x, name) < 0) return -1;
+    return check_alignment(x, name, 0);
+}
+
+/* key_padding_mask: bool (B or 1, Sk). Fills the kernel's pointer and strides (stride 0 when broadcast). */
+static int check_kpm(const fs_tensor *m, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out)
+{
+    char b1[160];
+    if (check_aux(m, "key_padding_mask", q) < 0) return -1;
+    if (m->ndim != 2 || (m->shape[0] != p->B && m->shape[0] != 1) || m->shape[1] != p->Sk) {
+        PyErr_Format(PyExc_ValueError, "key_padding_mask must have shape (B, Sk) = (%d, %d) (True = keep), got %s", p->B, p->Sk,
+                     shape_str(m->shape, m->ndim, b1, sizeof b1));
+        return -1;
+    }
+    out->kpm = (const uint8_t *)m->data;
+    out->kpm_sb = m->shape[0] == 1 ? 0 : m->strides[0];
+    out->kpm_sk = m->strides[1];
+    return 0;
+}
+
+/* seqlens: int32 (B,), contiguous, self-attention (Sq == Sk); values checked on the CPU. */
+static int check_seqlens(const fs_tensor *l, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out)
+{
+    char b1[160];
+    if (check_aux(l, "seqlens", q) < 0) return -1;
+    if (l->ndim != 1 || l->shape[0] != p->B) {
+        PyErr_Format(PyExc_ValueError, "seqlens must have shape (B,) = (%d,), got %s", p->B, shape_str(l->shape, l->ndim, b1, sizeof b1));
+        return -1;
+    }
+    if (l->strides[0] != 1 && l->shape[0] != 1) {
+        PyErr_Format(PyExc_ValueError, "seqlens must be contiguous, got stride %lld", (long long)l->strides[0]);
+        return -1;
+    }
+    if (p->Sq != p->Sk) {
+        PyErr_Format(PyExc_ValueError, "seqlens is for self-attention on a padded batch (Sq == Sk), got Sq=%d, Sk=%d; "
+                     "use key_padding_mask or attention_varlen", p->Sq, p->Sk);
+        return -1;
+    }
+    for (int b = 0; !l->is_cuda && b < p->B; b++) {
+        const int32_t v = ((const int32_t *)l->data)[b];
+        if (v < 0 || v > p->Sq) {
+            PyErr_Format(PyExc_ValueError, "seqlens[%d] = %d is outside [0, S] = [0, %d]", b, (int)v, p->Sq);
+            return -1;
+        }
+    }
+    out->seqlens = (const int32_t *)l->data;
+    return 0;
+}
+
+/* bias: float, broadcastable (numpy rules, right-aligned) to (B, H, Sq, Sk) in that order for both layouts. */
+static int check_bias(const fs_tensor *x, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out)
+{
+    char b1[160];
+    const int64_t full[4] = {p->B, p->H, p->Sq, p->Sk};
+    int64_t st[4] = {0, 0, 0, 0};
+    if (check_aux(x, "bias", q) < 0) return -1;
+    int ok = x->ndim >= 1 && x->ndim <= 4;
+    for (int i = 0; ok && i < x->ndim; i++) {
+        const int d = 4 - x->ndim + i;
+        ok = x->shape[i] == full[d] || x->shape[i] == 1;
+        st[d] = x->shape[i] == 1 ? 0 : x->strides[i];
+    }
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "bias of shape %s does not broadcast to (B, H, Sq, Sk) = (%d, %d, %d, %d)",
+                     shape_str(x->shape, x->ndim, b1, sizeof b1), p->B, p->H, p->Sq, p->Sk);
+        return -1;
+    }
+    out->bias = x->data;
+    out->bias_sb = st[0]; out->bias_sh = st[1]; out->bias_sq = st[2]; out->bias_sk = st[3];
+    out->bias_dtype = x->dtype;
+    return 0;
+}
+
+/* T5 table: float (H, num_buckets). */
+static int check_t5(const fs_tensor *x, const fs_tensor *q, const attn_args *a, fs_attn_params *out)
+{
+    char b1[160];
+    if (check_aux(x, "t5_bias table", q) < 0) return -1;
+    if (x->ndim != 2 || x->shape[0] != out->H || x->shape[1] != a->t5_buckets) {
+        PyErr_Format(PyExc_ValueError, "t5_bias table must have shape (H, num_buckets) = (%d, %d), got %s", out->H,
+                     a->t5_buckets, shape_str(x->shape, x->ndim, b1, sizeof b1));
+        return -1;
+    }
+    out->t5_table = x->data;
+    out->t5_sh = x->strides[0];
+    out->t5_sn = x->strides[1];
+    out->t5_buckets = a->t5_buckets;
+    out->t5_max_distance = a->t5_max_distance;
+    out->t5_bidirectional = a->t5_bidirectional;
+    out->t5_dtype = x->dtype;
+    return 0;
+}
+
 /* Whether a tensor is C-contiguous (size-1 dimensions may have any stride). */
 static int is_contiguous(const fs_tensor *t)
 {
@@ -378,11 +513,13 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
 {
     fs_state *st = fs_get_state(module);
     attn_args a;
-    fs_tensor tq, tk, tv, to;
+    fs_tensor tq, tk, tv, to, tm, tl, tb, tt; /* q, k, v, out, key_padding_mask, seqlens, bias, t5 table */
     fs_tensor *const t[3] = {&tq, &tk, &tv};
+    fs_tensor *const aux[4] = {&tm, &tl, &tb, &tt};
     PyObject *out = NULL, *lse = NULL, *result = NULL;
     uintptr_t stream = 0;
     memset(&tq, 0, sizeof tq); memset(&tk, 0, sizeof tk); memset(&tv, 0, sizeof tv); memset(&to, 0, sizeof to);
+    for (int i = 0; i < 4; i++) memset(aux[i], 0, sizeof *aux[i]);
 
     if (parse_args(st, args, nargs, kwnames, &a) < 0) return NULL;
     if (a.stream && fs_parse_stream(st, a.stream, &stream) < 0) return NULL;
@@ -391,6 +528,11 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (fs_tensor_import(st, a.k, "k", stream, FS_ROUTE_AUTO, FS_FLOATS, &tk) < 0) goto done;
     if (fs_tensor_import(st, a.v, "v", stream, FS_ROUTE_AUTO, FS_FLOATS, &tv) < 0) goto done;
     if (check_inputs(&a, t) < 0) goto done;
+    if (tq.is_cuda && (a.kpm || a.seqlens || a.bias || a.t5_table)) {
+        PyErr_SetString(PyExc_NotImplementedError, "key_padding_mask, seqlens, bias and t5_bias are CPU-only in this "
+                        "version of flashsci; CUDA support is in progress");
+        goto done;
+    }
     if (a.stream && !tq.is_cuda) {
         PyErr_SetString(PyExc_ValueError, "stream= applies to CUDA inputs, but q, k and v are on the CPU");
         goto done;
@@ -420,6 +562,18 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
 
     fs_attn_params p;
     fill_params(&a, t, &to, lse_data, &p);
+    if (a.kpm && (fs_tensor_import(st, a.kpm, "key_padding_mask", stream, FS_ROUTE_AUTO, 1u << FS_BOOL, &tm) < 0 ||
+                  check_kpm(&tm, &tq, &p, &p) < 0))
+        goto done;
+    if (a.seqlens && (fs_tensor_import(st, a.seqlens, "seqlens", stream, FS_ROUTE_AUTO, 1u << FS_I32, &tl) < 0 ||
+                      check_seqlens(&tl, &tq, &p, &p) < 0))
+        goto done;
+    if (a.bias && (fs_tensor_import(st, a.bias, "bias", stream, FS_ROUTE_AUTO, FS_FLOATS, &tb) < 0 ||
+                   check_bias(&tb, &tq, &p, &p) < 0))
+        goto done;
+    if (a.t5_table && (fs_tensor_import(st, a.t5_table, "t5_bias table", stream, FS_ROUTE_AUTO, FS_FLOATS, &tt) < 0 ||
+                       check_t5(&tt, &tq, &a, &p) < 0))
+        goto done;
     if (tq.is_cuda) {
         for (int i = 0; i < 3; i++)
             if (t[i]->has_stream && fs_gpu_stream_wait(stream, t[i]->stream, tq.device) < 0) goto done;
@@ -438,6 +592,7 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     result = a.return_lse ? PyTuple_Pack(2, out, lse) : Py_NewRef(out);
 done:
     for (int i = 0; i < 3; i++) fs_tensor_release(t[i]);
+    for (int i = 0; i < 4; i++) fs_tensor_release(aux[i]);
     fs_tensor_release(&to);
     Py_XDECREF(out);
     Py_XDECREF(lse);

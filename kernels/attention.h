@@ -3,7 +3,14 @@
 #ifndef FLASHSCI_ATTENTION_H
 #define FLASHSCI_ATTENTION_H
 
+#include <math.h>
 #include <stdint.h>
+
+#ifdef __CUDACC__
+#define FS_HD __host__ __device__
+#else
+#define FS_HD
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,7 +34,42 @@ typedef struct {
     double scale;
     int causal;
     fs_dtype dtype;
+    /* key padding: key j of batch b is kept when kpm[b * kpm_sb + j * kpm_sk] != 0 (bool bytes); NULL = none */
+    const uint8_t *kpm;
+    int64_t kpm_sb, kpm_sk;
+    /* seqlens[b] (int32, self-attention on a padded batch): queries and keys at or past it are skipped and
+     * those query rows are written as zeros; NULL = none */
+    const int32_t *seqlens;
+    /* additive bias on the scaled scores, broadcast over [B, H, Sq, Sk] (stride 0 where broadcast); NULL = none */
+    const void *bias;
+    int64_t bias_sb, bias_sh, bias_sq, bias_sk;
+    fs_dtype bias_dtype;
+    /* T5 relative-position bias computed in the kernel: score(i, j) += t5_table[h * t5_sh + bucket(j - i) * t5_sn] */
+    const void *t5_table;
+    int64_t t5_sh, t5_sn;
+    int t5_buckets, t5_max_distance, t5_bidirectional;
+    fs_dtype t5_dtype;
 } fs_attn_params;
+
+/* T5's relative-position bucket of rel = key position - query position, exactly as HF transformers'
+ * T5Attention._relative_position_bucket (float32 log, truncation toward zero). */
+static inline FS_HD int fs_t5_bucket(int rel, int num_buckets, int max_distance, int bidirectional)
+{
+    int bucket = 0;
+    if (bidirectional) {
+        num_buckets /= 2;
+        if (rel > 0) bucket = num_buckets;
+        rel = rel < 0 ? -rel : rel;
+    } else {
+        rel = rel < 0 ? -rel : 0;
+    }
+    const int max_exact = num_buckets / 2;
+    if (rel < max_exact) return bucket + rel;
+    const float ratio = (float)rel / (float)max_exact;
+    const float span = (float)log((double)max_distance / (double)max_exact);
+    int large = max_exact + (int)(logf(ratio) / span * (float)(num_buckets - max_exact));
+    return bucket + (large < num_buckets - 1 ? large : num_buckets - 1);
+}
 
 #ifdef __cplusplus
 }

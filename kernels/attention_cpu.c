@@ -28,10 +28,22 @@
 #define FS_CPU_CLONES
 #endif
 
-/* Bytes per element of a dtype. */
+/* Bytes per element of a float dtype. */
 static size_t fs_dtype_size(fs_dtype dt)
 {
     return dt == FS_F64 ? 8 : dt == FS_F32 ? 4 : 2;
+}
+
+/* One element of a float dtype, widened to double (bias and T5 table values). */
+static double fs_load_scalar(const void *src, fs_dtype dt)
+{
+    const uint16_t h = *(const uint16_t *)src;
+    switch (dt) {
+    case FS_F16: return fs_half_to_float(h);
+    case FS_BF16: return fs_bf16_to_float(h);
+    case FS_F32: return *(const float *)src;
+    default: return *(const double *)src;
+    }
 }
 
 /* Load n elements of dtype dt into floats. */

@@ -22,8 +22,18 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
         m[r] = -INFINITY;
         l[r] = 0;
     }
-    /* causal (top-left): query i sees keys j <= i, so this block needs keys below i0 + rows */
-    const int64_t kend = p->causal ? (i0 + rows < p->Sk ? i0 + rows : p->Sk) : p->Sk;
+    /* seqlens: queries and keys at or past the sequence's length are skipped (rows stay zero, lse -inf) */
+    int64_t q_len = p->Sq, k_len = p->Sk;
+    if (p->seqlens) {
+        const int64_t len = p->seqlens[b] < 0 ? 0 : p->seqlens[b];
+        q_len = len < q_len ? len : q_len;
+        k_len = len < k_len ? len : k_len;
+    }
+    const int64_t active = q_len - i0 < 0 ? 0 : (q_len - i0 < rows ? q_len - i0 : rows);
+    /* causal (top-left): query i sees keys j <= i, so this block needs keys below i0 + active */
+    const int64_t kend = active == 0 ? 0 : p->causal ? (i0 + active < k_len ? i0 + active : k_len) : k_len;
+    const char *bias = (const char *)p->bias;
+    const size_t bias_es = p->bias ? fs_dtype_size(p->bias_dtype) : 0;
     for (int64_t j0 = 0; j0 < kend; j0 += FS_CPU_BC) {
         const int cols = (int)((kend - j0) < FS_CPU_BC ? (kend - j0) : FS_CPU_BC);
         for (int c = 0; c < cols; c++) {
@@ -34,7 +44,15 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
         }
         for (int d = 0; cols < FS_CPU_BC && d < D; d++) /* zero the unused columns: full-width products below */
             for (int c = cols; c < FS_CPU_BC; c++) Kt[(int64_t)d * FS_CPU_BC + c] = 0;
-        for (int64_t r = 0; r < rows; r++) {
+        /* T5 bias of this block by relative position j - i, from rel_min = j0 - (i0 + active - 1) */
+        REAL t5[FS_CPU_BR + FS_CPU_BC];
+        const int64_t rel_min = j0 - (i0 + active - 1);
+        for (int t = 0; p->t5_table && t < active + cols - 1; t++) {
+            const int bucket = fs_t5_bucket((int)(rel_min + t), p->t5_buckets, p->t5_max_distance, p->t5_bidirectional);
+            t5[t] = (REAL)fs_load_scalar((const char *)p->t5_table + fs_dtype_size(p->t5_dtype) * (h * p->t5_sh + bucket * p->t5_sn),
+                                         p->t5_dtype);
+        }
+        for (int64_t r = 0; r < active; r++) {
             REAL *s = S + r * FS_CPU_BC;
             /* S_ij = (scale Q_i) K_j^T: a row of Bc accumulators with a compile-time width stays in registers */
             REAL acc[FS_CPU_BC] = {0};
@@ -44,6 +62,16 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
                 for (int c = 0; c < FS_CPU_BC; c++) acc[c] += qd * kt[c];
             }
             for (int c = 0; c < cols; c++) s[c] = acc[c];
+            /* S_ij += bias_ij + t5(j - i);  masked keys (padding mask, causal) get -inf */
+            if (bias) {
+                const char *brow = bias + bias_es * (b * p->bias_sb + h * p->bias_sh + (i0 + r) * p->bias_sq);
+                for (int c = 0; c < cols; c++) s[c] += (REAL)fs_load_scalar(brow + bias_es * (j0 + c) * p->bias_sk, p->bias_dtype);
+            }
+            if (p->t5_table)
+                for (int c = 0; c < cols; c++) s[c] += t5[j0 + c - (i0 + r) - rel_min];
+            if (p->kpm)
+                for (int c = 0; c < cols; c++)
+                    if (!p->kpm[b * p->kpm_sb + (j0 + c) * p->kpm_sk]) s[c] = -INFINITY;
             if (p->causal)
                 for (int c = 0; c < cols; c++)
                     if (j0 + c > i0 + r) s[c] = -INFINITY;
