@@ -112,84 +112,6 @@ static int parse_args(fs_state *st, PyObject *const *args, Py_ssize_t nargs, PyO
     return 0;
 }
 
-/* Write 'cpu' or 'cuda:N' into buf. */
-static const char *device_str(const fs_tensor *t, char *buf, size_t n)
-{
-    if (t->is_cuda) snprintf(buf, n, "cuda:%d", t->device);
-    else snprintf(buf, n, "cpu");
-    return buf;
-}
-
-/* Write a shape as '(a, b, c)' into buf. */
-static const char *shape_str(const int64_t *shape, int ndim, char *buf, size_t n)
-{
-    size_t used = (size_t)snprintf(buf, n, "(");
-    for (int i = 0; i < ndim && used < n; i++)
-        used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)shape[i]);
-    if (used < n) snprintf(buf + used, n - used, ndim == 1 ? ",)" : ")");
-    return buf;
-}
-
-/* Byte range [lo, hi) that a tensor's elements span. */
-static void byte_extent(const fs_tensor *t, uintptr_t *lo, uintptr_t *hi)
-{
-    int64_t neg = 0, pos = 0;
-    for (int i = 0; i < t->ndim; i++) {
-        const int64_t span = (t->shape[i] - 1) * t->strides[i];
-        if (span < 0) neg += span; else pos += span;
-    }
-    const int64_t item = (int64_t)fs_dtype_itemsize(t->dtype);
-    *lo = (uintptr_t)t->data + (uintptr_t)(neg * item);
-    *hi = (uintptr_t)t->data + (uintptr_t)((pos + 1) * item);
-}
-
-/* Sizes must fit 32-bit counts and the addressed span must fit 64-bit byte offsets. */
-static int check_sizes(const fs_tensor *t, const char *name)
-{
-    const int64_t item = (int64_t)fs_dtype_itemsize(t->dtype);
-    int64_t span = 0;
-    for (int i = 0; i < t->ndim; i++) {
-        char buf[160];
-        if (t->shape[i] == 0) {
-            PyErr_Format(PyExc_ValueError, "%s has a zero-size dimension (shape %s); every dimension must be at least 1",
-                         name, shape_str(t->shape, t->ndim, buf, sizeof buf));
-            return -1;
-        }
-        if (t->shape[i] < 0 || t->shape[i] > INT32_MAX) {
-            PyErr_Format(PyExc_ValueError, "%s: dimension %d has size %lld; flashsci supports sizes below 2**31", name, i,
-                         (long long)t->shape[i]);
-            return -1;
-        }
-        const int64_t s = t->strides[i] < 0 ? -t->strides[i] : t->strides[i];
-        if (s > (INT64_MAX / item - span) / t->shape[i]) {
-            PyErr_Format(PyExc_ValueError, "%s: shape %s with strides spans more than 2**63 bytes", name,
-                         shape_str(t->shape, t->ndim, buf, sizeof buf));
-            return -1;
-        }
-        span += (t->shape[i] - 1) * s;
-    }
-    return 0;
-}
-
-/* Pointer and row alignment: element size on the CPU, 16 bytes (vector loads) on CUDA. */
-static int check_alignment(const fs_tensor *t, const char *name, int dims_are_rows)
-{
-    const uintptr_t item = fs_dtype_itemsize(t->dtype), need = t->is_cuda ? 16 : item;
-    if ((uintptr_t)t->data % need) {
-        PyErr_Format(PyExc_ValueError, "%s: data pointer %p is not %zu-byte aligned (%s needs %zu-byte alignment)", name,
-                     t->data, (size_t)need, t->is_cuda ? "the CUDA kernels' 16-byte loads" : fs_dtype_name(t->dtype), (size_t)need);
-        return -1;
-    }
-    for (int i = 0; t->is_cuda && i < dims_are_rows; i++) {
-        if ((t->strides[i] * (int64_t)item) % 16 && t->shape[i] > 1) {
-            PyErr_Format(PyExc_ValueError, "%s: stride %lld of dimension %d is not a multiple of 16 bytes; the CUDA kernels "
-                         "load 16-byte rows (make the tensor contiguous)", name, (long long)t->strides[i], i);
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* (B, H, S, D) positions of a 4-D tensor's dimensions in the chosen layout. */
 static void layout_dims(int bshd, int *ib, int *ih, int *is)
 {
@@ -209,7 +131,7 @@ static int check_inputs(const attn_args *a, fs_tensor *const t[3])
     for (int i = 0; i < 3; i++) {
         if (t[i]->ndim != 4) {
             PyErr_Format(PyExc_ValueError, "%s must be 4-D %s, got %d-D shape %s", names[i], layout, t[i]->ndim,
-                         shape_str(t[i]->shape, t[i]->ndim, b1, sizeof b1));
+                         fs_shape_str(t[i]->shape, t[i]->ndim, b1, sizeof b1));
             return -1;
         }
         if (t[i]->requires_grad) {
@@ -224,16 +146,16 @@ static int check_inputs(const attn_args *a, fs_tensor *const t[3])
         }
         if (t[i]->is_cuda != t[0]->is_cuda || t[i]->device != t[0]->device) {
             PyErr_Format(PyExc_ValueError, "%s is on %s but q is on %s: q, k and v must be on one device", names[i],
-                         device_str(t[i], b1, sizeof b1), device_str(t[0], b2, sizeof b2));
+                         fs_device_str(t[i], b1, sizeof b1), fs_device_str(t[0], b2, sizeof b2));
             return -1;
         }
-        if (check_sizes(t[i], names[i]) < 0) return -1;
+        if (fs_check_sizes(t[i], names[i]) < 0) return -1;
         if (t[i]->strides[3] != 1 && t[i]->shape[3] != 1) {
             PyErr_Format(PyExc_ValueError, "%s: the last (head) dimension must be contiguous (stride 1), got stride %lld; "
                          "call .contiguous() first", names[i], (long long)t[i]->strides[3]);
             return -1;
         }
-        if (check_alignment(t[i], names[i], 3) < 0) return -1;
+        if (fs_check_alignment(t[i], names[i], 3) < 0) return -1;
     }
     static const char *what[4] = {"batch size", "head count", "sequence length", "head dim"};
     const int dims[3] = {ib, ih, 3};
@@ -243,7 +165,7 @@ static int check_inputs(const attn_args *a, fs_tensor *const t[3])
                 const int w = j == 2 ? 3 : j;
                 PyErr_Format(PyExc_ValueError, "%s has %s %lld but q has %lld (q %s, %s %s, layout '%s')", names[i], what[w],
                              (long long)t[i]->shape[dims[j]], (long long)t[0]->shape[dims[j]],
-                             shape_str(t[0]->shape, 4, b1, sizeof b1), names[i], shape_str(t[i]->shape, 4, b2, sizeof b2),
+                             fs_shape_str(t[0]->shape, 4, b1, sizeof b1), names[i], fs_shape_str(t[i]->shape, 4, b2, sizeof b2),
                              a->bshd ? "bshd" : "bhsd");
                 return -1;
             }
@@ -280,8 +202,8 @@ static int check_out(const fs_tensor *o, fs_tensor *const t[3], const int64_t *s
     static const char *names[3] = {"q", "k", "v"};
     char b1[160], b2[160];
     if (o->ndim != 4 || memcmp(o->shape, shape, 4 * sizeof *shape)) {
-        PyErr_Format(PyExc_ValueError, "out has shape %s but the result has shape %s", shape_str(o->shape, o->ndim, b1, sizeof b1),
-                     shape_str(shape, 4, b2, sizeof b2));
+        PyErr_Format(PyExc_ValueError, "out has shape %s but the result has shape %s", fs_shape_str(o->shape, o->ndim, b1, sizeof b1),
+                     fs_shape_str(shape, 4, b2, sizeof b2));
         return -1;
     }
     if (o->dtype != t[0]->dtype) {
@@ -289,14 +211,14 @@ static int check_out(const fs_tensor *o, fs_tensor *const t[3], const int64_t *s
         return -1;
     }
     if (o->is_cuda != t[0]->is_cuda || o->device != t[0]->device) {
-        PyErr_Format(PyExc_ValueError, "out is on %s but q is on %s", device_str(o, b1, sizeof b1), device_str(t[0], b2, sizeof b2));
+        PyErr_Format(PyExc_ValueError, "out is on %s but q is on %s", fs_device_str(o, b1, sizeof b1), fs_device_str(t[0], b2, sizeof b2));
         return -1;
     }
     if (o->readonly) {
         PyErr_SetString(PyExc_ValueError, "out is read-only");
         return -1;
     }
-    if (check_sizes(o, "out") < 0) return -1;
+    if (fs_check_sizes(o, "out") < 0) return -1;
     if (o->strides[3] != 1 && o->shape[3] != 1) {
         PyErr_Format(PyExc_ValueError, "out: the last dimension must be contiguous (stride 1), got stride %lld", (long long)o->strides[3]);
         return -1;
@@ -313,17 +235,17 @@ static int check_out(const fs_tensor *o, fs_tensor *const t[3], const int64_t *s
         if (o->shape[d] == 1) continue;
         if (o->strides[d] < inner) {
             PyErr_Format(PyExc_ValueError, "out has overlapping or negative strides %s; it must not alias itself",
-                         shape_str(o->strides, 4, b1, sizeof b1));
+                         fs_shape_str(o->strides, 4, b1, sizeof b1));
             return -1;
         }
         inner = o->strides[d] * o->shape[d];
     }
-    if (check_alignment(o, "out", 3) < 0) return -1;
+    if (fs_check_alignment(o, "out", 3) < 0) return -1;
     uintptr_t olo, ohi;
-    byte_extent(o, &olo, &ohi);
+    fs_byte_extent(o, &olo, &ohi);
     for (int i = 0; i < 3; i++) {
         uintptr_t lo, hi;
-        byte_extent(t[i], &lo, &hi);
+        fs_byte_extent(t[i], &lo, &hi);
         if (lo < ohi && olo < hi) {
             PyErr_Format(PyExc_ValueError, "out overlaps %s in memory; flashsci cannot write its result over an input", names[i]);
             return -1;
@@ -332,26 +254,14 @@ static int check_out(const fs_tensor *o, fs_tensor *const t[3], const int64_t *s
     return 0;
 }
 
-/* Device and size checks shared by the optional arrays (masks, lengths, biases). */
-static int check_aux(const fs_tensor *x, const char *name, const fs_tensor *q)
-{
-    char b1[32], b2[32];
-    if (x->is_cuda != q->is_cuda || x->device != q->device) {
-        PyErr_Format(PyExc_ValueError, "%s is on %s but q is on %s", name, device_str(x, b1, sizeof b1), device_str(q, b2, sizeof b2));
-        return -1;
-    }
-    if (check_sizes(x, name) < 0) return -1;
-    return check_alignment(x, name, 0);
-}
-
 /* key_padding_mask: bool (B or 1, Sk). Fills the kernel's pointer and strides (stride 0 when broadcast). */
 static int check_kpm(const fs_tensor *m, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out)
 {
     char b1[160];
-    if (check_aux(m, "key_padding_mask", q) < 0) return -1;
+    if (fs_check_aux(m, "key_padding_mask", q) < 0) return -1;
     if (m->ndim != 2 || (m->shape[0] != p->B && m->shape[0] != 1) || m->shape[1] != p->Sk) {
         PyErr_Format(PyExc_ValueError, "key_padding_mask must have shape (B, Sk) = (%d, %d) (True = keep), got %s", p->B, p->Sk,
-                     shape_str(m->shape, m->ndim, b1, sizeof b1));
+                     fs_shape_str(m->shape, m->ndim, b1, sizeof b1));
         return -1;
     }
     out->kpm = (const uint8_t *)m->data;
@@ -364,9 +274,9 @@ static int check_kpm(const fs_tensor *m, const fs_tensor *q, const fs_attn_param
 static int check_seqlens(const fs_tensor *l, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out)
 {
     char b1[160];
-    if (check_aux(l, "seqlens", q) < 0) return -1;
+    if (fs_check_aux(l, "seqlens", q) < 0) return -1;
     if (l->ndim != 1 || l->shape[0] != p->B) {
-        PyErr_Format(PyExc_ValueError, "seqlens must have shape (B,) = (%d,), got %s", p->B, shape_str(l->shape, l->ndim, b1, sizeof b1));
+        PyErr_Format(PyExc_ValueError, "seqlens must have shape (B,) = (%d,), got %s", p->B, fs_shape_str(l->shape, l->ndim, b1, sizeof b1));
         return -1;
     }
     if (l->strides[0] != 1 && l->shape[0] != 1) {
@@ -395,7 +305,7 @@ static int check_bias(const fs_tensor *x, const fs_tensor *q, const fs_attn_para
     char b1[160];
     const int64_t full[4] = {p->B, p->H, p->Sq, p->Sk};
     int64_t st[4] = {0, 0, 0, 0};
-    if (check_aux(x, "bias", q) < 0) return -1;
+    if (fs_check_aux(x, "bias", q) < 0) return -1;
     int ok = x->ndim >= 1 && x->ndim <= 4;
     for (int i = 0; ok && i < x->ndim; i++) {
         const int d = 4 - x->ndim + i;
@@ -404,7 +314,7 @@ static int check_bias(const fs_tensor *x, const fs_tensor *q, const fs_attn_para
     }
     if (!ok) {
         PyErr_Format(PyExc_ValueError, "bias of shape %s does not broadcast to (B, H, Sq, Sk) = (%d, %d, %d, %d)",
-                     shape_str(x->shape, x->ndim, b1, sizeof b1), p->B, p->H, p->Sq, p->Sk);
+                     fs_shape_str(x->shape, x->ndim, b1, sizeof b1), p->B, p->H, p->Sq, p->Sk);
         return -1;
     }
     out->bias = x->data;
@@ -417,10 +327,10 @@ static int check_bias(const fs_tensor *x, const fs_tensor *q, const fs_attn_para
 static int check_t5(const fs_tensor *x, const fs_tensor *q, const attn_args *a, fs_attn_params *out)
 {
     char b1[160];
-    if (check_aux(x, "t5_bias table", q) < 0) return -1;
+    if (fs_check_aux(x, "t5_bias table", q) < 0) return -1;
     if (x->ndim != 2 || x->shape[0] != out->H || x->shape[1] != a->t5_buckets) {
         PyErr_Format(PyExc_ValueError, "t5_bias table must have shape (H, num_buckets) = (%d, %d), got %s", out->H,
-                     a->t5_buckets, shape_str(x->shape, x->ndim, b1, sizeof b1));
+                     a->t5_buckets, fs_shape_str(x->shape, x->ndim, b1, sizeof b1));
         return -1;
     }
     out->t5_table = x->data;
@@ -431,61 +341,6 @@ static int check_t5(const fs_tensor *x, const fs_tensor *q, const attn_args *a, 
     out->t5_bidirectional = a->t5_bidirectional;
     out->t5_dtype = x->dtype;
     return 0;
-}
-
-/* Whether a tensor is C-contiguous (size-1 dimensions may have any stride). */
-static int is_contiguous(const fs_tensor *t)
-{
-    int64_t expect = 1;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-        if (t->shape[i] != 1 && t->strides[i] != expect) return 0;
-        expect *= t->shape[i];
-    }
-    return 1;
-}
-
-/* A new torch tensor: torch.empty_like(q) when shape and dtype are q's and q is contiguous (the cheapest
- * allocation, 1.3 us against 1.9 for new_empty), else q.new_empty(shape[, dtype=]). */
-static PyObject *torch_new(fs_state *st, const fs_tensor *q, int ndim, const int64_t *shape, fs_dtype dtype)
-{
-    if (dtype == q->dtype && ndim == q->ndim && !memcmp(shape, q->shape, ndim * sizeof *shape) && is_contiguous(q))
-        return PyObject_CallOneArg(st->torch_empty_like, q->obj);
-    PyObject *size = PyTuple_New(ndim), *obj = NULL, *kwnames = NULL;
-    if (!size) return NULL;
-    for (int i = 0; i < ndim; i++) PyTuple_SET_ITEM(size, i, PyLong_FromLongLong(shape[i]));
-    PyObject *args[3] = {q->obj, size, st->torch_dtype[dtype]};
-    if (dtype == q->dtype || (kwnames = PyTuple_Pack(1, st->s_dtype)))
-        obj = PyObject_VectorcallMethod(st->s_new_empty, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
-    Py_DECREF(size);
-    Py_XDECREF(kwnames);
-    return obj;
-}
-
-/* New uninitialised output in q's framework: torch tensor, NumPy array or flashsci.Array. */
-static PyObject *new_output(fs_state *st, const fs_tensor *q, int ndim, const int64_t *shape, fs_dtype dtype,
-                            uintptr_t stream, char **data)
-{
-    PyObject *obj = NULL;
-    if (q->source == FS_SRC_TORCH) {
-        if (!(obj = torch_new(st, q, ndim, shape, dtype))) return NULL;
-        PyObject *ptr = PyObject_VectorcallMethod(st->s_data_ptr, &obj, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        if (!ptr || (!(*data = PyLong_AsVoidPtr(ptr)) && PyErr_Occurred())) {
-            Py_XDECREF(ptr);
-            Py_DECREF(obj);
-            return NULL;
-        }
-        Py_DECREF(ptr);
-    } else if (q->source == FS_SRC_NUMPY) {
-        npy_intp dims[FS_MAX_NDIM];
-        for (int i = 0; i < ndim; i++) dims[i] = (npy_intp)shape[i];
-        const int typenum = dtype == FS_F16 ? NPY_HALF : dtype == FS_F32 ? NPY_FLOAT : NPY_DOUBLE;
-        if (!(obj = PyArray_SimpleNew(ndim, dims, typenum))) return NULL;
-        *data = PyArray_BYTES((PyArrayObject *)obj);
-    } else {
-        if (!(obj = fs_array_new(st, ndim, shape, dtype, q->is_cuda, q->device, stream))) return NULL;
-        *data = fs_array_data(obj);
-    }
-    return obj;
 }
 
 /* Fill the kernel parameters from the checked tensors. */
@@ -549,7 +404,7 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         out = Py_NewRef(a.out);
     } else {
         char *data;
-        if (!(out = new_output(st, &tq, 4, oshape, tq.dtype, stream, &data))) goto done;
+        if (!(out = fs_new_output(st, &tq, 4, oshape, tq.dtype, stream, &data))) goto done;
         to.data = data;
         to.ndim = 4;
         to.dtype = tq.dtype;
@@ -558,7 +413,7 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         for (int i = 2; i >= 0; i--) to.strides[i] = to.strides[i + 1] * oshape[i + 1];
     }
     char *lse_data = NULL;
-    if (a.return_lse && !(lse = new_output(st, &tq, 3, lshape, ldtype, stream, &lse_data))) goto done;
+    if (a.return_lse && !(lse = fs_new_output(st, &tq, 3, lshape, ldtype, stream, &lse_data))) goto done;
 
     fs_attn_params p;
     fill_params(&a, t, &to, lse_data, &p);

@@ -66,6 +66,17 @@ PyObject *fs_array_new(fs_state *st, int ndim, const int64_t *shape, fs_dtype dt
                        uintptr_t stream);
 void *fs_array_data(PyObject *array);
 
+/* checks.c: shared checks (0, or -1 with TypeError/ValueError set) and output allocation */
+const char *fs_device_str(const fs_tensor *t, char *buf, size_t n);
+const char *fs_shape_str(const int64_t *shape, int ndim, char *buf, size_t n);
+void fs_byte_extent(const fs_tensor *t, uintptr_t *lo, uintptr_t *hi);
+int fs_check_sizes(const fs_tensor *t, const char *name);
+int fs_check_alignment(const fs_tensor *t, const char *name, int dims_are_rows);
+int fs_check_aux(const fs_tensor *x, const char *name, const fs_tensor *q);
+int fs_is_contiguous(const fs_tensor *t);
+PyObject *fs_new_output(fs_state *st, const fs_tensor *q, int ndim, const int64_t *shape, fs_dtype dtype,
+                        uintptr_t stream, char **data);
+
 /* attention.c */
 PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
