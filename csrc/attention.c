@@ -15,40 +15,11 @@
 enum { KW_CAUSAL, KW_SCALE, KW_LAYOUT, KW_OUT, KW_RETURN_LSE, KW_STREAM, KW_KPM, KW_SEQLENS, KW_BIAS, KW_T5, KW_COUNT };
 
 typedef struct {
-    PyObject *q, *k, *v, *out, *stream, *kpm, *seqlens, *bias, *t5_table;
+    PyObject *q, *k, *v, *out, *stream, *kpm, *seqlens, *bias;
     int causal, return_lse, bshd, has_scale;
-    int t5_buckets, t5_max_distance, t5_bidirectional;
+    fs_t5_args t5;
     double scale;
 } attn_args;
-
-/* t5_bias=(table, num_buckets, max_distance, bidirectional). */
-static int parse_t5(PyObject *t5, attn_args *a)
-{
-    if (!PyTuple_Check(t5) || PyTuple_GET_SIZE(t5) != 4) {
-        PyErr_Format(PyExc_TypeError, "t5_bias must be a tuple (table, num_buckets, max_distance, bidirectional), got %.100s",
-                     Py_TYPE(t5)->tp_name);
-        return -1;
-    }
-    a->t5_table = PyTuple_GET_ITEM(t5, 0);
-    for (int i = 1; i < 3; i++)
-        if (!PyLong_Check(PyTuple_GET_ITEM(t5, i)) || PyBool_Check(PyTuple_GET_ITEM(t5, i))) {
-            PyErr_Format(PyExc_TypeError, "t5_bias: %s must be an int, got %.100s", i == 1 ? "num_buckets" : "max_distance",
-                         Py_TYPE(PyTuple_GET_ITEM(t5, i))->tp_name);
-            return -1;
-        }
-    const long nb = PyLong_AsLong(PyTuple_GET_ITEM(t5, 1)), md = PyLong_AsLong(PyTuple_GET_ITEM(t5, 2));
-    if (PyErr_Occurred()) return -1;
-    if ((a->t5_bidirectional = PyObject_IsTrue(PyTuple_GET_ITEM(t5, 3))) < 0) return -1;
-    const long max_exact = (a->t5_bidirectional ? nb / 2 : nb) / 2;
-    if (nb < 2 || nb > 1 << 16 || max_exact < 1 || md <= max_exact || md > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "t5_bias: need num_buckets >= %d and max_distance > num_buckets%s / 2 (T5 uses 32, 128), "
-                     "got num_buckets=%ld, max_distance=%ld", a->t5_bidirectional ? 4 : 2, a->t5_bidirectional ? " / 2" : "", nb, md);
-        return -1;
-    }
-    a->t5_buckets = (int)nb;
-    a->t5_max_distance = (int)md;
-    return 0;
-}
 
 /* Parse the vectorcall arguments: q, k, v positional, everything else keyword-only. */
 static int parse_args(fs_state *st, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, attn_args *a)
@@ -78,19 +49,7 @@ static int parse_args(fs_state *st, PyObject *const *args, Py_ssize_t nargs, PyO
     }
     if (kw[KW_CAUSAL] && (a->causal = PyObject_IsTrue(kw[KW_CAUSAL])) < 0) return -1;
     if (kw[KW_RETURN_LSE] && (a->return_lse = PyObject_IsTrue(kw[KW_RETURN_LSE])) < 0) return -1;
-    if (kw[KW_SCALE] && kw[KW_SCALE] != Py_None) {
-        if (!PyNumber_Check(kw[KW_SCALE]) || PyBool_Check(kw[KW_SCALE])) {
-            PyErr_Format(PyExc_TypeError, "scale must be a float or None, got %.100s", Py_TYPE(kw[KW_SCALE])->tp_name);
-            return -1;
-        }
-        a->scale = PyFloat_AsDouble(kw[KW_SCALE]);
-        if (a->scale == -1.0 && PyErr_Occurred()) return -1;
-        if (!isfinite(a->scale)) {
-            PyErr_Format(PyExc_ValueError, "scale must be finite, got %R", kw[KW_SCALE]);
-            return -1;
-        }
-        a->has_scale = 1;
-    }
+    if (kw[KW_SCALE] && fs_parse_scale(kw[KW_SCALE], &a->has_scale, &a->scale) < 0) return -1;
     if (kw[KW_LAYOUT]) {
         PyObject *l = kw[KW_LAYOUT];
         if (!PyUnicode_Check(l)) {
@@ -108,7 +67,7 @@ static int parse_args(fs_state *st, PyObject *const *args, Py_ssize_t nargs, PyO
     a->kpm = kw[KW_KPM] == Py_None ? NULL : kw[KW_KPM];
     a->seqlens = kw[KW_SEQLENS] == Py_None ? NULL : kw[KW_SEQLENS];
     a->bias = kw[KW_BIAS] == Py_None ? NULL : kw[KW_BIAS];
-    if (kw[KW_T5] && kw[KW_T5] != Py_None && parse_t5(kw[KW_T5], a) < 0) return -1;
+    if (kw[KW_T5] && kw[KW_T5] != Py_None && fs_parse_t5(kw[KW_T5], &a->t5) < 0) return -1;
     return 0;
 }
 
@@ -128,35 +87,7 @@ static int check_inputs(const attn_args *a, fs_tensor *const t[3])
     char b1[160], b2[160];
     int ib, ih, is;
     layout_dims(a->bshd, &ib, &ih, &is);
-    for (int i = 0; i < 3; i++) {
-        if (t[i]->ndim != 4) {
-            PyErr_Format(PyExc_ValueError, "%s must be 4-D %s, got %d-D shape %s", names[i], layout, t[i]->ndim,
-                         fs_shape_str(t[i]->shape, t[i]->ndim, b1, sizeof b1));
-            return -1;
-        }
-        if (t[i]->requires_grad) {
-            PyErr_Format(PyExc_ValueError, "%s requires grad, but flashsci.attention is forward-only: call it under "
-                         "torch.no_grad() or torch.inference_mode(), or pass %s.detach()", names[i], names[i]);
-            return -1;
-        }
-        if (t[i]->dtype != t[0]->dtype) {
-            PyErr_Format(PyExc_TypeError, "%s has dtype %s but q has %s: q, k and v must share one dtype", names[i],
-                         fs_dtype_name(t[i]->dtype), fs_dtype_name(t[0]->dtype));
-            return -1;
-        }
-        if (t[i]->is_cuda != t[0]->is_cuda || t[i]->device != t[0]->device) {
-            PyErr_Format(PyExc_ValueError, "%s is on %s but q is on %s: q, k and v must be on one device", names[i],
-                         fs_device_str(t[i], b1, sizeof b1), fs_device_str(t[0], b2, sizeof b2));
-            return -1;
-        }
-        if (fs_check_sizes(t[i], names[i]) < 0) return -1;
-        if (t[i]->strides[3] != 1 && t[i]->shape[3] != 1) {
-            PyErr_Format(PyExc_ValueError, "%s: the last (head) dimension must be contiguous (stride 1), got stride %lld; "
-                         "call .contiguous() first", names[i], (long long)t[i]->strides[3]);
-            return -1;
-        }
-        if (fs_check_alignment(t[i], names[i], 3) < 0) return -1;
-    }
+    if (fs_check_qkv(t, 4, layout) < 0) return -1;
     static const char *what[4] = {"batch size", "head count", "sequence length", "head dim"};
     const int dims[3] = {ib, ih, 3};
     for (int i = 1; i < 3; i++)
@@ -178,78 +109,6 @@ static int check_inputs(const attn_args *a, fs_tensor *const t[3])
         PyErr_Format(PyExc_ValueError, "batch x heads = %lld; flashsci supports below 2**31",
                      (long long)(t[0]->shape[ib] * t[0]->shape[ih]));
         return -1;
-    }
-    const int64_t D = t[0]->shape[3];
-    if (t[0]->is_cuda) {
-        if (t[0]->dtype != FS_F16 && t[0]->dtype != FS_BF16) {
-            PyErr_Format(PyExc_TypeError, "CUDA attention supports float16 and bfloat16, got %s", fs_dtype_name(t[0]->dtype));
-            return -1;
-        }
-        if (D != 32 && D != 64 && D != 96 && D != 128 && D != 256) {
-            PyErr_Format(PyExc_ValueError, "CUDA attention supports head dims 32, 64, 96, 128 and 256, got %lld", (long long)D);
-            return -1;
-        }
-    } else if (D > FS_CPU_MAX_D) {
-        PyErr_Format(PyExc_ValueError, "CPU attention supports head dims up to %d, got %lld", FS_CPU_MAX_D, (long long)D);
-        return -1;
-    }
-    return 0;
-}
-
-/* out=: shape, dtype, device, writability, layout, alignment and no overlap with the inputs. */
-static int check_out(const fs_tensor *o, fs_tensor *const t[3], const int64_t *shape)
-{
-    static const char *names[3] = {"q", "k", "v"};
-    char b1[160], b2[160];
-    if (o->ndim != 4 || memcmp(o->shape, shape, 4 * sizeof *shape)) {
-        PyErr_Format(PyExc_ValueError, "out has shape %s but the result has shape %s", fs_shape_str(o->shape, o->ndim, b1, sizeof b1),
-                     fs_shape_str(shape, 4, b2, sizeof b2));
-        return -1;
-    }
-    if (o->dtype != t[0]->dtype) {
-        PyErr_Format(PyExc_TypeError, "out has dtype %s but q has %s", fs_dtype_name(o->dtype), fs_dtype_name(t[0]->dtype));
-        return -1;
-    }
-    if (o->is_cuda != t[0]->is_cuda || o->device != t[0]->device) {
-        PyErr_Format(PyExc_ValueError, "out is on %s but q is on %s", fs_device_str(o, b1, sizeof b1), fs_device_str(t[0], b2, sizeof b2));
-        return -1;
-    }
-    if (o->readonly) {
-        PyErr_SetString(PyExc_ValueError, "out is read-only");
-        return -1;
-    }
-    if (fs_check_sizes(o, "out") < 0) return -1;
-    if (o->strides[3] != 1 && o->shape[3] != 1) {
-        PyErr_Format(PyExc_ValueError, "out: the last dimension must be contiguous (stride 1), got stride %lld", (long long)o->strides[3]);
-        return -1;
-    }
-    /* no element may be written twice: sorted by stride, each dimension must step past the ones inside it */
-    int order[4] = {0, 1, 2, 3};
-    for (int i = 1; i < 4; i++)
-        for (int j = i; j > 0 && o->strides[order[j]] < o->strides[order[j - 1]]; j--) {
-            int tmp = order[j]; order[j] = order[j - 1]; order[j - 1] = tmp;
-        }
-    int64_t inner = 1;
-    for (int i = 0; i < 4; i++) {
-        const int d = order[i];
-        if (o->shape[d] == 1) continue;
-        if (o->strides[d] < inner) {
-            PyErr_Format(PyExc_ValueError, "out has overlapping or negative strides %s; it must not alias itself",
-                         fs_shape_str(o->strides, 4, b1, sizeof b1));
-            return -1;
-        }
-        inner = o->strides[d] * o->shape[d];
-    }
-    if (fs_check_alignment(o, "out", 3) < 0) return -1;
-    uintptr_t olo, ohi;
-    fs_byte_extent(o, &olo, &ohi);
-    for (int i = 0; i < 3; i++) {
-        uintptr_t lo, hi;
-        fs_byte_extent(t[i], &lo, &hi);
-        if (lo < ohi && olo < hi) {
-            PyErr_Format(PyExc_ValueError, "out overlaps %s in memory; flashsci cannot write its result over an input", names[i]);
-            return -1;
-        }
     }
     return 0;
 }
@@ -323,26 +182,6 @@ static int check_bias(const fs_tensor *x, const fs_tensor *q, const fs_attn_para
     return 0;
 }
 
-/* T5 table: float (H, num_buckets). */
-static int check_t5(const fs_tensor *x, const fs_tensor *q, const attn_args *a, fs_attn_params *out)
-{
-    char b1[160];
-    if (fs_check_aux(x, "t5_bias table", q) < 0) return -1;
-    if (x->ndim != 2 || x->shape[0] != out->H || x->shape[1] != a->t5_buckets) {
-        PyErr_Format(PyExc_ValueError, "t5_bias table must have shape (H, num_buckets) = (%d, %d), got %s", out->H,
-                     a->t5_buckets, fs_shape_str(x->shape, x->ndim, b1, sizeof b1));
-        return -1;
-    }
-    out->t5_table = x->data;
-    out->t5_sh = x->strides[0];
-    out->t5_sn = x->strides[1];
-    out->t5_buckets = a->t5_buckets;
-    out->t5_max_distance = a->t5_max_distance;
-    out->t5_bidirectional = a->t5_bidirectional;
-    out->t5_dtype = x->dtype;
-    return 0;
-}
-
 /* Fill the kernel parameters from the checked tensors. */
 static void fill_params(const attn_args *a, fs_tensor *const t[3], const fs_tensor *o, void *lse, fs_attn_params *p)
 {
@@ -362,6 +201,8 @@ static void fill_params(const attn_args *a, fs_tensor *const t[3], const fs_tens
     p->scale = a->has_scale ? a->scale : 1.0 / sqrt((double)p->D);
     p->causal = a->causal;
     p->dtype = t[0]->dtype;
+    p->lse_sb = (int64_t)p->H * p->Sq;
+    p->lse_sh = p->Sq;
 }
 
 PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -383,7 +224,7 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (fs_tensor_import(st, a.k, "k", stream, FS_ROUTE_AUTO, FS_FLOATS, &tk) < 0) goto done;
     if (fs_tensor_import(st, a.v, "v", stream, FS_ROUTE_AUTO, FS_FLOATS, &tv) < 0) goto done;
     if (check_inputs(&a, t) < 0) goto done;
-    if (tq.is_cuda && (a.kpm || a.seqlens || a.bias || a.t5_table)) {
+    if (tq.is_cuda && (a.kpm || a.seqlens || a.bias || a.t5.table)) {
         PyErr_SetString(PyExc_NotImplementedError, "key_padding_mask, seqlens, bias and t5_bias are CPU-only in this "
                         "version of flashsci; CUDA support is in progress");
         goto done;
@@ -400,7 +241,7 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     const int64_t lshape[3] = {tq.shape[ib], tq.shape[ih], tq.shape[is]};
     const fs_dtype ldtype = tq.dtype == FS_F64 ? FS_F64 : FS_F32;
     if (a.out) {
-        if (fs_tensor_import(st, a.out, "out", stream, FS_ROUTE_AUTO, FS_FLOATS, &to) < 0 || check_out(&to, t, oshape) < 0) goto done;
+        if (fs_tensor_import(st, a.out, "out", stream, FS_ROUTE_AUTO, FS_FLOATS, &to) < 0 || fs_check_out(&to, t, oshape, 4) < 0) goto done;
         out = Py_NewRef(a.out);
     } else {
         char *data;
@@ -426,8 +267,8 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (a.bias && (fs_tensor_import(st, a.bias, "bias", stream, FS_ROUTE_AUTO, FS_FLOATS, &tb) < 0 ||
                    check_bias(&tb, &tq, &p, &p) < 0))
         goto done;
-    if (a.t5_table && (fs_tensor_import(st, a.t5_table, "t5_bias table", stream, FS_ROUTE_AUTO, FS_FLOATS, &tt) < 0 ||
-                       check_t5(&tt, &tq, &a, &p) < 0))
+    if (a.t5.table && (fs_tensor_import(st, a.t5.table, "t5_bias table", stream, FS_ROUTE_AUTO, FS_FLOATS, &tt) < 0 ||
+                       fs_check_t5(&tt, &tq, &a.t5, &p) < 0))
         goto done;
     if (tq.is_cuda) {
         for (int i = 0; i < 3; i++)

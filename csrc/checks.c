@@ -7,6 +7,10 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include <math.h>
+
+#include "../kernels/attention_cpu.h"
+
 /* Write 'cpu' or 'cuda:N' into buf. */
 const char *fs_device_str(const fs_tensor *t, char *buf, size_t n)
 {
@@ -154,3 +158,182 @@ PyObject *fs_new_output(fs_state *st, const fs_tensor *q, int ndim, const int64_
     return obj;
 }
 
+
+/* out=: shape, dtype, device, writability, layout, alignment and no overlap with the inputs. */
+int fs_check_out(const fs_tensor *o, fs_tensor *const t[3], const int64_t *shape, int ndim)
+{
+    static const char *names[3] = {"q", "k", "v"};
+    char b1[160], b2[160];
+    if (o->ndim != ndim || memcmp(o->shape, shape, ndim * sizeof *shape)) {
+        PyErr_Format(PyExc_ValueError, "out has shape %s but the result has shape %s", fs_shape_str(o->shape, o->ndim, b1, sizeof b1),
+                     fs_shape_str(shape, ndim, b2, sizeof b2));
+        return -1;
+    }
+    if (o->dtype != t[0]->dtype) {
+        PyErr_Format(PyExc_TypeError, "out has dtype %s but q has %s", fs_dtype_name(o->dtype), fs_dtype_name(t[0]->dtype));
+        return -1;
+    }
+    if (o->is_cuda != t[0]->is_cuda || o->device != t[0]->device) {
+        PyErr_Format(PyExc_ValueError, "out is on %s but q is on %s", fs_device_str(o, b1, sizeof b1), fs_device_str(t[0], b2, sizeof b2));
+        return -1;
+    }
+    if (o->readonly) {
+        PyErr_SetString(PyExc_ValueError, "out is read-only");
+        return -1;
+    }
+    if (fs_check_sizes(o, "out") < 0) return -1;
+    if (o->strides[ndim - 1] != 1 && o->shape[ndim - 1] != 1) {
+        PyErr_Format(PyExc_ValueError, "out: the last dimension must be contiguous (stride 1), got stride %lld",
+                     (long long)o->strides[ndim - 1]);
+        return -1;
+    }
+    /* no element may be written twice: sorted by stride, each dimension must step past the ones inside it */
+    int order[FS_MAX_NDIM];
+    for (int i = 0; i < ndim; i++) order[i] = i;
+    for (int i = 1; i < ndim; i++)
+        for (int j = i; j > 0 && o->strides[order[j]] < o->strides[order[j - 1]]; j--) {
+            int tmp = order[j]; order[j] = order[j - 1]; order[j - 1] = tmp;
+        }
+    int64_t inner = 1;
+    for (int i = 0; i < ndim; i++) {
+        const int d = order[i];
+        if (o->shape[d] == 1) continue;
+        if (o->strides[d] < inner) {
+            PyErr_Format(PyExc_ValueError, "out has overlapping or negative strides %s; it must not alias itself",
+                         fs_shape_str(o->strides, ndim, b1, sizeof b1));
+            return -1;
+        }
+        inner = o->strides[d] * o->shape[d];
+    }
+    if (fs_check_alignment(o, "out", ndim - 1) < 0) return -1;
+    uintptr_t olo, ohi;
+    fs_byte_extent(o, &olo, &ohi);
+    for (int i = 0; i < 3; i++) {
+        uintptr_t lo, hi;
+        fs_byte_extent(t[i], &lo, &hi);
+        if (lo < ohi && olo < hi) {
+            PyErr_Format(PyExc_ValueError, "out overlaps %s in memory; flashsci cannot write its result over an input", names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* t5_bias=(table, num_buckets, max_distance, bidirectional). */
+int fs_parse_t5(PyObject *t5, fs_t5_args *a)
+{
+    if (!PyTuple_Check(t5) || PyTuple_GET_SIZE(t5) != 4) {
+        PyErr_Format(PyExc_TypeError, "t5_bias must be a tuple (table, num_buckets, max_distance, bidirectional), got %.100s",
+                     Py_TYPE(t5)->tp_name);
+        return -1;
+    }
+    a->table = PyTuple_GET_ITEM(t5, 0);
+    for (int i = 1; i < 3; i++)
+        if (!PyLong_Check(PyTuple_GET_ITEM(t5, i)) || PyBool_Check(PyTuple_GET_ITEM(t5, i))) {
+            PyErr_Format(PyExc_TypeError, "t5_bias: %s must be an int, got %.100s", i == 1 ? "num_buckets" : "max_distance",
+                         Py_TYPE(PyTuple_GET_ITEM(t5, i))->tp_name);
+            return -1;
+        }
+    const long nb = PyLong_AsLong(PyTuple_GET_ITEM(t5, 1)), md = PyLong_AsLong(PyTuple_GET_ITEM(t5, 2));
+    if (PyErr_Occurred()) return -1;
+    if ((a->bidirectional = PyObject_IsTrue(PyTuple_GET_ITEM(t5, 3))) < 0) return -1;
+    const long max_exact = (a->bidirectional ? nb / 2 : nb) / 2;
+    if (nb < 2 || nb > 1 << 16 || max_exact < 1 || md <= max_exact || md > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "t5_bias: need num_buckets >= %d and max_distance > num_buckets%s / 2 (T5 uses 32, 128), "
+                     "got num_buckets=%ld, max_distance=%ld", a->bidirectional ? 4 : 2, a->bidirectional ? " / 2" : "", nb, md);
+        return -1;
+    }
+    a->buckets = (int)nb;
+    a->max_distance = (int)md;
+    return 0;
+}
+
+/* T5 table: float (H, num_buckets). */
+int fs_check_t5(const fs_tensor *x, const fs_tensor *q, const fs_t5_args *a, fs_attn_params *out)
+{
+    char b1[160];
+    if (fs_check_aux(x, "t5_bias table", q) < 0) return -1;
+    if (x->ndim != 2 || x->shape[0] != out->H || x->shape[1] != a->buckets) {
+        PyErr_Format(PyExc_ValueError, "t5_bias table must have shape (H, num_buckets) = (%d, %d), got %s", out->H,
+                     a->buckets, fs_shape_str(x->shape, x->ndim, b1, sizeof b1));
+        return -1;
+    }
+    out->t5_table = x->data;
+    out->t5_sh = x->strides[0];
+    out->t5_sn = x->strides[1];
+    out->t5_buckets = a->buckets;
+    out->t5_max_distance = a->max_distance;
+    out->t5_bidirectional = a->bidirectional;
+    out->t5_dtype = x->dtype;
+    return 0;
+}
+
+/* q, k, v of one entry point: rank, grad, one dtype and device, sizes, contiguous last dim, alignment, and a
+ * head dim and dtype the device's kernels support. */
+int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout)
+{
+    static const char *names[3] = {"q", "k", "v"};
+    char b1[160], b2[160];
+    for (int i = 0; i < 3; i++) {
+        if (t[i]->ndim != ndim) {
+            PyErr_Format(PyExc_ValueError, "%s must be %d-D %s, got %d-D shape %s", names[i], ndim, layout, t[i]->ndim,
+                         fs_shape_str(t[i]->shape, t[i]->ndim, b1, sizeof b1));
+            return -1;
+        }
+        if (t[i]->requires_grad) {
+            PyErr_Format(PyExc_ValueError, "%s requires grad, but flashsci.attention is forward-only: call it under "
+                         "torch.no_grad() or torch.inference_mode(), or pass %s.detach()", names[i], names[i]);
+            return -1;
+        }
+        if (t[i]->dtype != t[0]->dtype) {
+            PyErr_Format(PyExc_TypeError, "%s has dtype %s but q has %s: q, k and v must share one dtype", names[i],
+                         fs_dtype_name(t[i]->dtype), fs_dtype_name(t[0]->dtype));
+            return -1;
+        }
+        if (t[i]->is_cuda != t[0]->is_cuda || t[i]->device != t[0]->device) {
+            PyErr_Format(PyExc_ValueError, "%s is on %s but q is on %s: q, k and v must be on one device", names[i],
+                         fs_device_str(t[i], b1, sizeof b1), fs_device_str(t[0], b2, sizeof b2));
+            return -1;
+        }
+        if (fs_check_sizes(t[i], names[i]) < 0) return -1;
+        if (t[i]->strides[ndim - 1] != 1 && t[i]->shape[ndim - 1] != 1) {
+            PyErr_Format(PyExc_ValueError, "%s: the last (head) dimension must be contiguous (stride 1), got stride %lld; "
+                         "call .contiguous() first", names[i], (long long)t[i]->strides[ndim - 1]);
+            return -1;
+        }
+        if (fs_check_alignment(t[i], names[i], ndim - 1) < 0) return -1;
+    }
+    const int64_t D = t[0]->shape[ndim - 1];
+    if (t[0]->is_cuda) {
+        if (t[0]->dtype != FS_F16 && t[0]->dtype != FS_BF16) {
+            PyErr_Format(PyExc_TypeError, "CUDA attention supports float16 and bfloat16, got %s", fs_dtype_name(t[0]->dtype));
+            return -1;
+        }
+        if (D != 32 && D != 64 && D != 96 && D != 128 && D != 256) {
+            PyErr_Format(PyExc_ValueError, "CUDA attention supports head dims 32, 64, 96, 128 and 256, got %lld", (long long)D);
+            return -1;
+        }
+    } else if (D > FS_CPU_MAX_D) {
+        PyErr_Format(PyExc_ValueError, "CPU attention supports head dims up to %d, got %lld", FS_CPU_MAX_D, (long long)D);
+        return -1;
+    }
+    return 0;
+}
+
+/* scale=: None (1/sqrt(D)) or a finite real number. */
+int fs_parse_scale(PyObject *obj, int *has_scale, double *scale)
+{
+    if (obj == Py_None) return 0;
+    if (!PyNumber_Check(obj) || PyBool_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "scale must be a float or None, got %.100s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *scale = PyFloat_AsDouble(obj);
+    if (*scale == -1.0 && PyErr_Occurred()) return -1;
+    if (!isfinite(*scale)) {
+        PyErr_Format(PyExc_ValueError, "scale must be finite, got %R", obj);
+        return -1;
+    }
+    *has_scale = 1;
+    return 0;
+}

@@ -60,6 +60,9 @@ int fs_torch_current_stream(fs_state *st, int device, uintptr_t *stream);
 int fs_parse_stream(fs_state *st, PyObject *obj, uintptr_t *stream);
 PyObject *fs_tensor_describe(const fs_tensor *t);
 
+/* varlen.c */
+PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs);
+
 /* array.c */
 int fs_array_add_type(PyObject *module, fs_state *st);
 PyObject *fs_array_new(fs_state *st, int ndim, const int64_t *shape, fs_dtype dtype, int is_cuda, int device,
@@ -76,6 +79,13 @@ int fs_check_aux(const fs_tensor *x, const char *name, const fs_tensor *q);
 int fs_is_contiguous(const fs_tensor *t);
 PyObject *fs_new_output(fs_state *st, const fs_tensor *q, int ndim, const int64_t *shape, fs_dtype dtype,
                         uintptr_t stream, char **data);
+
+int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout);
+int fs_parse_scale(PyObject *obj, int *has_scale, double *scale);
+int fs_check_out(const fs_tensor *o, fs_tensor *const t[3], const int64_t *shape, int ndim);
+typedef struct { PyObject *table; int buckets, max_distance, bidirectional; } fs_t5_args;
+int fs_parse_t5(PyObject *t5, fs_t5_args *a);
+int fs_check_t5(const fs_tensor *x, const fs_tensor *q, const fs_t5_args *a, fs_attn_params *p);
 
 /* attention.c */
 PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);

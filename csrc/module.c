@@ -101,6 +101,9 @@ static PyMethodDef module_methods[] = {
     {"attention", (PyCFunction)(void (*)(void))fs_attention, METH_FASTCALL | METH_KEYWORDS,
      "attention(q, k, v, /, *, causal=False, scale=None, layout='bhsd', out=None, return_lse=False, stream=None, "
      "key_padding_mask=None, seqlens=None, bias=None, t5_bias=None)"},
+    {"attention_varlen", (PyCFunction)(void (*)(void))fs_attention_varlen, METH_VARARGS | METH_KEYWORDS,
+     "attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None, "
+     "out=None, return_lse=False, stream=None, t5_bias=None)"},
     {"cuda_device_count", cuda_device_count, METH_NOARGS, "Number of visible CUDA devices (0 without a driver)."},
     {"device_info", (PyCFunction)(void (*)(void))device_info, METH_FASTCALL, "Properties of a CUDA device."},
     {"build_info", build_info, METH_NOARGS, "How this extension was built."},

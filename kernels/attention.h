@@ -25,7 +25,9 @@ typedef enum { FS_F16 = 0, FS_BF16 = 1, FS_F32 = 2, FS_F64 = 3, FS_BOOL = 4, FS_
 typedef struct {
     const void *q, *k, *v;
     void *o;
-    void *lse;                 /* [B, H, Sq] contiguous, float32 (float64 for FS_F64 inputs); may be NULL */
+    void *lse;                 /* float32 (float64 for FS_F64 inputs), element (b, h, i) at lse_sb b + lse_sh h + i
+                                  (+ cu_seqlens_q[b] when packed); may be NULL */
+    int64_t lse_sb, lse_sh;
     int64_t q_sb, q_sh, q_ss;  /* batch, head, sequence strides */
     int64_t k_sb, k_sh, k_ss;
     int64_t v_sb, v_sh, v_ss;
@@ -34,6 +36,10 @@ typedef struct {
     double scale;
     int causal;
     fs_dtype dtype;
+    /* packed variable length (FlashAttention's convention): sequence b owns rows cu_seqlens_q[b] ..
+     * cu_seqlens_q[b + 1] - 1 of q and o, and cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 of k and v; B is
+     * the number of sequences, Sq and Sk the longest lengths, batch strides 0. NULL = padded batches */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k;
     /* key padding: key j of batch b is kept when kpm[b * kpm_sb + j * kpm_sk] != 0 (bool bytes); NULL = none */
     const uint8_t *kpm;
     int64_t kpm_sb, kpm_sk;

@@ -16,20 +16,26 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
 
     const char *qb = (const char *)p->q, *kb = (const char *)p->k, *vb = (const char *)p->v;
     const size_t es = fs_dtype_size(p->dtype);
-    for (int64_t r = 0; r < rows; r++) {
-        LOAD_ROW(qb + es * (b * p->q_sb + h * p->q_sh + (i0 + r) * p->q_ss), p->dtype, Qi + r * D, D);
-        for (int d = 0; d < D; d++) { Qi[r * D + d] *= (REAL)p->scale; Oi[r * D + d] = 0; }
-        m[r] = -INFINITY;
-        l[r] = 0;
-    }
-    /* seqlens: queries and keys at or past the sequence's length are skipped (rows stay zero, lse -inf) */
-    int64_t q_len = p->Sq, k_len = p->Sk;
+    /* this sequence's rows: packed (cu_seqlens) or padded, then cut by seqlens; queries at or past q_len
+     * are skipped (padded: written as zeros, lse -inf; packed: not written, they belong to the next one) */
+    const int64_t qo = p->cu_seqlens_q ? p->cu_seqlens_q[b] : 0, ko = p->cu_seqlens_k ? p->cu_seqlens_k[b] : 0;
+    int64_t q_len = p->cu_seqlens_q ? p->cu_seqlens_q[b + 1] - qo : p->Sq;
+    int64_t k_len = p->cu_seqlens_k ? p->cu_seqlens_k[b + 1] - ko : p->Sk;
     if (p->seqlens) {
         const int64_t len = p->seqlens[b] < 0 ? 0 : p->seqlens[b];
         q_len = len < q_len ? len : q_len;
         k_len = len < k_len ? len : k_len;
     }
     const int64_t active = q_len - i0 < 0 ? 0 : (q_len - i0 < rows ? q_len - i0 : rows);
+    for (int64_t r = 0; r < rows; r++) {
+        if (r < active) {
+            LOAD_ROW(qb + es * (b * p->q_sb + h * p->q_sh + (qo + i0 + r) * p->q_ss), p->dtype, Qi + r * D, D);
+            for (int d = 0; d < D; d++) Qi[r * D + d] *= (REAL)p->scale;
+        }
+        for (int d = 0; d < D; d++) Oi[r * D + d] = 0;
+        m[r] = -INFINITY;
+        l[r] = 0;
+    }
     /* causal (top-left): query i sees keys j <= i, so this block needs keys below i0 + active */
     const int64_t kend = active == 0 ? 0 : p->causal ? (i0 + active < k_len ? i0 + active : k_len) : k_len;
     const char *bias = (const char *)p->bias;
@@ -38,9 +44,9 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
         const int cols = (int)((kend - j0) < FS_CPU_BC ? (kend - j0) : FS_CPU_BC);
         for (int c = 0; c < cols; c++) {
             REAL row[FS_CPU_MAX_D];
-            LOAD_ROW(kb + es * (b * p->k_sb + h * p->k_sh + (j0 + c) * p->k_ss), p->dtype, row, D);
+            LOAD_ROW(kb + es * (b * p->k_sb + h * p->k_sh + (ko + j0 + c) * p->k_ss), p->dtype, row, D);
             for (int d = 0; d < D; d++) Kt[(int64_t)d * FS_CPU_BC + c] = row[d];
-            LOAD_ROW(vb + es * (b * p->v_sb + h * p->v_sh + (j0 + c) * p->v_ss), p->dtype, Vj + (int64_t)c * D, D);
+            LOAD_ROW(vb + es * (b * p->v_sb + h * p->v_sh + (ko + j0 + c) * p->v_ss), p->dtype, Vj + (int64_t)c * D, D);
         }
         for (int d = 0; cols < FS_CPU_BC && d < D; d++) /* zero the unused columns: full-width products below */
             for (int c = cols; c < FS_CPU_BC; c++) Kt[(int64_t)d * FS_CPU_BC + c] = 0;
@@ -108,12 +114,13 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
     /* O_i = O_i / l_i;  lse_i = m_i + log(l_i); a row that saw no key is written as zeros, lse -inf */
     char *ob = (char *)p->o;
     for (int64_t r = 0; r < rows; r++) {
+        if (p->cu_seqlens_q && r >= active) break;
         const REAL inv = l[r] > 0 ? 1 / l[r] : 0;
         REAL *o = Oi + r * D;
         for (int d = 0; d < D; d++) o[d] *= inv;
-        STORE_ROW(o, p->dtype, ob + es * (b * p->o_sb + h * p->o_sh + (i0 + r) * p->o_ss), D);
+        STORE_ROW(o, p->dtype, ob + es * (b * p->o_sb + h * p->o_sh + (qo + i0 + r) * p->o_ss), D);
         if (p->lse) {
-            const int64_t li = (b * p->H + h) * p->Sq + i0 + r;
+            const int64_t li = b * p->lse_sb + h * p->lse_sh + qo + i0 + r;
             const REAL lse = l[r] > 0 ? m[r] + LOG(l[r]) : -INFINITY;
             if (p->dtype == FS_F64) ((double *)p->lse)[li] = (double)lse;
             else ((float *)p->lse)[li] = (float)lse;

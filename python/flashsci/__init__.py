@@ -5,7 +5,7 @@
 
 See README.md for the full API.
 """
-from ._flashsci import Array, attention, build_info, cuda_device_count, device_info, CUDA_BUILT
+from ._flashsci import Array, attention, attention_varlen, build_info, cuda_device_count, device_info, CUDA_BUILT
 
-__all__ = ["Array", "attention", "build_info", "cuda_device_count", "device_info", "CUDA_BUILT"]
+__all__ = ["Array", "attention", "attention_varlen", "build_info", "cuda_device_count", "device_info", "CUDA_BUILT"]
 __version__ = "0.1.0"

@@ -1,0 +1,157 @@
+/* flashsci.attention_varlen: packed variable-length attention on [total_tokens, H, D] tensors with
+ * FlashAttention's cu_seqlens convention, so a batch of proteins of 80 to 8000 residues carries no padding. */
+#include "flashsci.h"
+
+#include "../kernels/attention_cpu.h"
+
+/* cu_seqlens: int32 (B + 1,), contiguous; on the CPU also 0 first, non-decreasing, total last, and no
+ * sequence longer than max_seqlen. */
+static int check_cu_seqlens(const fs_tensor *c, const char *name, const fs_tensor *q, int64_t total, long long max_seqlen)
+{
+    char b1[160];
+    if (fs_check_aux(c, name, q) < 0) return -1;
+    if (c->ndim != 1 || c->shape[0] < 2) {
+        PyErr_Format(PyExc_ValueError, "%s must have shape (B + 1,) with B >= 1, got %s", name,
+                     fs_shape_str(c->shape, c->ndim, b1, sizeof b1));
+        return -1;
+    }
+    if (c->strides[0] != 1) {
+        PyErr_Format(PyExc_ValueError, "%s must be contiguous, got stride %lld", name, (long long)c->strides[0]);
+        return -1;
+    }
+    const int32_t *v = (const int32_t *)c->data;
+    for (int64_t b = 0; !c->is_cuda && b < c->shape[0]; b++) {
+        if (b == 0 ? v[0] != 0 : v[b] < v[b - 1]) {
+            PyErr_Format(PyExc_ValueError, "%s must start at 0 and never decrease, got %s[%lld] = %d", name, name,
+                         (long long)b, (int)v[b]);
+            return -1;
+        }
+        if (b > 0 && v[b] - v[b - 1] > max_seqlen) {
+            PyErr_Format(PyExc_ValueError, "sequence %lld has %d tokens, more than max_seqlen %lld given for %s",
+                         (long long)b - 1, (int)(v[b] - v[b - 1]), max_seqlen, name);
+            return -1;
+        }
+    }
+    if (!c->is_cuda && v[c->shape[0] - 1] != total) {
+        PyErr_Format(PyExc_ValueError, "%s ends at %d but the packed tensor has %lld tokens", name,
+                     (int)v[c->shape[0] - 1], (long long)total);
+        return -1;
+    }
+    return 0;
+}
+
+PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "causal",
+                             "scale", "out", "return_lse", "stream", "t5_bias", NULL};
+    fs_state *st = fs_get_state(module);
+    PyObject *q, *k, *v, *cq, *ck, *scale = Py_None, *out_arg = Py_None, *stream_arg = Py_None, *t5_arg = Py_None;
+    PyObject *out = NULL, *lse = NULL, *result = NULL;
+    long long max_q, max_k;
+    int causal = 0, return_lse = 0, has_scale = 0;
+    double scale_value = 0;
+    fs_t5_args t5 = {NULL, 0, 0, 0};
+    fs_tensor tq, tk, tv, to, tcq, tck, tt;
+    fs_tensor *const t[3] = {&tq, &tk, &tv};
+    fs_tensor *const all[7] = {&tq, &tk, &tv, &to, &tcq, &tck, &tt};
+    uintptr_t stream = 0;
+    for (int i = 0; i < 7; i++) memset(all[i], 0, sizeof *all[i]);
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOLL|$pOOpOO:attention_varlen", kwlist, &q, &k, &v, &cq, &ck, &max_q,
+                                     &max_k, &causal, &scale, &out_arg, &return_lse, &stream_arg, &t5_arg))
+        return NULL;
+    if (fs_parse_scale(scale, &has_scale, &scale_value) < 0) return NULL;
+    if (t5_arg != Py_None && fs_parse_t5(t5_arg, &t5) < 0) return NULL;
+    if (max_q < 1 || max_k < 1 || max_q > INT32_MAX || max_k > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "max_seqlen_q and max_seqlen_k must be in [1, 2**31), got %lld and %lld", max_q, max_k);
+        return NULL;
+    }
+    if (stream_arg != Py_None && fs_parse_stream(st, stream_arg, &stream) < 0) return NULL;
+    if (fs_tensor_import(st, q, "q", stream, FS_ROUTE_AUTO, FS_FLOATS, &tq) < 0) goto done;
+    if (stream_arg == Py_None && tq.is_cuda && tq.source == FS_SRC_TORCH && fs_torch_current_stream(st, tq.device, &stream) < 0)
+        goto done;
+    if (fs_tensor_import(st, k, "k", stream, FS_ROUTE_AUTO, FS_FLOATS, &tk) < 0 ||
+        fs_tensor_import(st, v, "v", stream, FS_ROUTE_AUTO, FS_FLOATS, &tv) < 0 ||
+        fs_check_qkv(t, 3, "(total_tokens, H, D)") < 0)
+        goto done;
+    char b1[160], b2[160];
+    for (int i = 1; i < 3; i++)
+        if (t[i]->shape[1] != tq.shape[1] || t[i]->shape[2] != tq.shape[2]) {
+            PyErr_Format(PyExc_ValueError, "%s has shape %s but q has %s: heads and head dim must match", i == 1 ? "k" : "v",
+                         fs_shape_str(t[i]->shape, 3, b1, sizeof b1), fs_shape_str(tq.shape, 3, b2, sizeof b2));
+            goto done;
+        }
+    if (tk.shape[0] != tv.shape[0]) {
+        PyErr_Format(PyExc_ValueError, "k has %lld tokens but v has %lld: they must match", (long long)tk.shape[0],
+                     (long long)tv.shape[0]);
+        goto done;
+    }
+    if (tq.is_cuda) {
+        PyErr_SetString(PyExc_NotImplementedError, "attention_varlen is CPU-only in this version of flashsci; CUDA "
+                        "support is in progress");
+        goto done;
+    }
+    if (fs_tensor_import(st, cq, "cu_seqlens_q", stream, FS_ROUTE_AUTO, 1u << FS_I32, &tcq) < 0 ||
+        fs_tensor_import(st, ck, "cu_seqlens_k", stream, FS_ROUTE_AUTO, 1u << FS_I32, &tck) < 0 ||
+        check_cu_seqlens(&tcq, "cu_seqlens_q", &tq, tq.shape[0], max_q) < 0 ||
+        check_cu_seqlens(&tck, "cu_seqlens_k", &tq, tk.shape[0], max_k) < 0)
+        goto done;
+    if (tcq.shape[0] != tck.shape[0]) {
+        PyErr_Format(PyExc_ValueError, "cu_seqlens_q has %lld entries but cu_seqlens_k has %lld: one per sequence plus one",
+                     (long long)tcq.shape[0], (long long)tck.shape[0]);
+        goto done;
+    }
+
+    fs_attn_params p;
+    memset(&p, 0, sizeof p);
+    p.B = (int)tcq.shape[0] - 1;
+    p.H = (int)tq.shape[1];
+    p.D = (int)tq.shape[2];
+    p.Sq = (int)max_q;
+    p.Sk = (int)max_k;
+    p.scale = has_scale ? scale_value : 1.0 / sqrt((double)p.D);
+    p.causal = causal;
+    p.dtype = tq.dtype;
+    p.cu_seqlens_q = (const int32_t *)tcq.data;
+    p.cu_seqlens_k = (const int32_t *)tck.data;
+    p.q = tq.data; p.q_ss = tq.strides[0]; p.q_sh = tq.strides[1];
+    p.k = tk.data; p.k_ss = tk.strides[0]; p.k_sh = tk.strides[1];
+    p.v = tv.data; p.v_ss = tv.strides[0]; p.v_sh = tv.strides[1];
+    if (t5.table && (fs_tensor_import(st, t5.table, "t5_bias table", stream, FS_ROUTE_AUTO, FS_FLOATS, &tt) < 0 ||
+                     fs_check_t5(&tt, &tq, &t5, &p) < 0))
+        goto done;
+    if (out_arg != Py_None) {
+        if (fs_tensor_import(st, out_arg, "out", stream, FS_ROUTE_AUTO, FS_FLOATS, &to) < 0 ||
+            fs_check_out(&to, t, tq.shape, 3) < 0)
+            goto done;
+        out = Py_NewRef(out_arg);
+    } else {
+        char *data;
+        if (!(out = fs_new_output(st, &tq, 3, tq.shape, tq.dtype, stream, &data))) goto done;
+        to.data = data;
+        to.strides[0] = tq.shape[1] * tq.shape[2];
+        to.strides[1] = tq.shape[2];
+    }
+    p.o = to.data; p.o_ss = to.strides[0]; p.o_sh = to.strides[1];
+    if (return_lse) {
+        const int64_t lshape[2] = {tq.shape[1], tq.shape[0]};   /* (H, total_q), FlashAttention's varlen lse */
+        char *lse_data;
+        if (!(lse = fs_new_output(st, &tq, 2, lshape, tq.dtype == FS_F64 ? FS_F64 : FS_F32, stream, &lse_data))) goto done;
+        p.lse = lse_data;
+        p.lse_sh = tq.shape[0];
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fs_attention_cpu(&p, st->num_threads);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = return_lse ? PyTuple_Pack(2, out, lse) : Py_NewRef(out);
+done:
+    for (int i = 0; i < 7; i++) fs_tensor_release(all[i]);
+    Py_XDECREF(out);
+    Py_XDECREF(lse);
+    return result;
+}
