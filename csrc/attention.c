@@ -12,12 +12,14 @@
 
 #include "../kernels/attention_cpu.h"
 
-enum { KW_CAUSAL, KW_SCALE, KW_LAYOUT, KW_OUT, KW_RETURN_LSE, KW_STREAM, KW_KPM, KW_SEQLENS, KW_BIAS, KW_T5, KW_COUNT };
+enum { KW_CAUSAL, KW_SCALE, KW_LAYOUT, KW_OUT, KW_RETURN_LSE, KW_STREAM, KW_KPM, KW_SEQLENS, KW_BIAS, KW_T5, KW_ROTARY, KW_COUNT };
 
 typedef struct {
     PyObject *q, *k, *v, *out, *stream, *kpm, *seqlens, *bias;
     int causal, return_lse, bshd, has_scale;
     fs_t5_args t5;
+    int rotary;
+    float rotary_base;
     double scale;
 } attn_args;
 
@@ -68,6 +70,7 @@ static int parse_args(fs_state *st, PyObject *const *args, Py_ssize_t nargs, PyO
     a->seqlens = kw[KW_SEQLENS] == Py_None ? NULL : kw[KW_SEQLENS];
     a->bias = kw[KW_BIAS] == Py_None ? NULL : kw[KW_BIAS];
     if (kw[KW_T5] && kw[KW_T5] != Py_None && fs_parse_t5(kw[KW_T5], &a->t5) < 0) return -1;
+    if (kw[KW_ROTARY] && fs_parse_rotary(kw[KW_ROTARY], &a->rotary, &a->rotary_base) < 0) return -1;
     return 0;
 }
 
@@ -203,6 +206,8 @@ static void fill_params(const attn_args *a, fs_tensor *const t[3], const fs_tens
     p->dtype = t[0]->dtype;
     p->lse_sb = (int64_t)p->H * p->Sq;
     p->lse_sh = p->Sq;
+    p->rotary = a->rotary;
+    p->rotary_base = a->rotary_base;
 }
 
 PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -224,8 +229,9 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (fs_tensor_import(st, a.k, "k", stream, FS_ROUTE_AUTO, FS_FLOATS, &tk) < 0) goto done;
     if (fs_tensor_import(st, a.v, "v", stream, FS_ROUTE_AUTO, FS_FLOATS, &tv) < 0) goto done;
     if (check_inputs(&a, t) < 0) goto done;
-    if (tq.is_cuda && (a.kpm || a.seqlens || a.bias || a.t5.table)) {
-        PyErr_SetString(PyExc_NotImplementedError, "key_padding_mask, seqlens, bias and t5_bias are CPU-only in this "
+    if (fs_check_rotary(a.rotary, tq.shape[3]) < 0) goto done;
+    if (tq.is_cuda && (a.kpm || a.seqlens || a.bias || a.t5.table || a.rotary)) {
+        PyErr_SetString(PyExc_NotImplementedError, "key_padding_mask, seqlens, bias, t5_bias and rotary are CPU-only in this "
                         "version of flashsci; CUDA support is in progress");
         goto done;
     }

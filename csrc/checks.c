@@ -337,3 +337,38 @@ int fs_parse_scale(PyObject *obj, int *has_scale, double *scale)
     *has_scale = 1;
     return 0;
 }
+
+/* rotary=: None/False (off), True (base 10000, ESM), or a positive base. */
+int fs_parse_rotary(PyObject *obj, int *on, float *base)
+{
+    *on = 0;
+    if (obj == Py_None || obj == Py_False) return 0;
+    if (obj == Py_True) {
+        *on = 1;
+        *base = 10000.0f;
+        return 0;
+    }
+    if (!PyNumber_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "rotary must be None, True or a base (float), got %.100s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    const double b = PyFloat_AsDouble(obj);
+    if (b == -1.0 && PyErr_Occurred()) return -1;
+    if (!isfinite(b) || b <= 1.0) {
+        PyErr_Format(PyExc_ValueError, "rotary base must be a finite number above 1, got %R", obj);
+        return -1;
+    }
+    *on = 1;
+    *base = (float)b;
+    return 0;
+}
+
+/* Rotary embeddings rotate the two halves of each head vector: the head dim must be even. */
+int fs_check_rotary(int on, int64_t D)
+{
+    if (on && D % 2) {
+        PyErr_Format(PyExc_ValueError, "rotary needs an even head dim, got %lld", (long long)D);
+        return -1;
+    }
+    return 0;
+}

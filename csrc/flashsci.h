@@ -82,6 +82,8 @@ PyObject *fs_new_output(fs_state *st, const fs_tensor *q, int ndim, const int64_
 
 int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout);
 int fs_parse_scale(PyObject *obj, int *has_scale, double *scale);
+int fs_parse_rotary(PyObject *obj, int *on, float *base);
+int fs_check_rotary(int on, int64_t D);
 int fs_check_out(const fs_tensor *o, fs_tensor *const t[3], const int64_t *shape, int ndim);
 typedef struct { PyObject *table; int buckets, max_distance, bidirectional; } fs_t5_args;
 int fs_parse_t5(PyObject *t5, fs_t5_args *a);

@@ -100,10 +100,10 @@ static PyObject *build_info(PyObject *module, PyObject *unused)
 static PyMethodDef module_methods[] = {
     {"attention", (PyCFunction)(void (*)(void))fs_attention, METH_FASTCALL | METH_KEYWORDS,
      "attention(q, k, v, /, *, causal=False, scale=None, layout='bhsd', out=None, return_lse=False, stream=None, "
-     "key_padding_mask=None, seqlens=None, bias=None, t5_bias=None)"},
+     "key_padding_mask=None, seqlens=None, bias=None, t5_bias=None, rotary=None)"},
     {"attention_varlen", (PyCFunction)(void (*)(void))fs_attention_varlen, METH_VARARGS | METH_KEYWORDS,
      "attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None, "
-     "out=None, return_lse=False, stream=None, t5_bias=None)"},
+     "out=None, return_lse=False, stream=None, t5_bias=None, rotary=None)"},
     {"cuda_device_count", cuda_device_count, METH_NOARGS, "Number of visible CUDA devices (0 without a driver)."},
     {"device_info", (PyCFunction)(void (*)(void))device_info, METH_FASTCALL, "Properties of a CUDA device."},
     {"build_info", build_info, METH_NOARGS, "How this extension was built."},
@@ -141,8 +141,8 @@ static int module_exec(PyObject *module)
         intern(&st->s_max_version, "max_version") || intern(&st->s_cuda_stream, "cuda_stream") ||
         intern(&st->s_cuda_stream_proto, "__cuda_stream__"))
         return -1;
-    st->kw_names = Py_BuildValue("(ssssssssss)", "causal", "scale", "layout", "out", "return_lse", "stream",
-                                 "key_padding_mask", "seqlens", "bias", "t5_bias");
+    st->kw_names = Py_BuildValue("(sssssssssss)", "causal", "scale", "layout", "out", "return_lse", "stream",
+                                 "key_padding_mask", "seqlens", "bias", "t5_bias", "rotary");
     if (!st->kw_names) return -1;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(st->kw_names); i++) PyUnicode_InternInPlace(&PyTuple_GET_ITEM(st->kw_names, i));
     st->num_threads = default_threads();

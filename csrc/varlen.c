@@ -43,9 +43,10 @@ static int check_cu_seqlens(const fs_tensor *c, const char *name, const fs_tenso
 PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "causal",
-                             "scale", "out", "return_lse", "stream", "t5_bias", NULL};
+                             "scale", "out", "return_lse", "stream", "t5_bias", "rotary", NULL};
     fs_state *st = fs_get_state(module);
-    PyObject *q, *k, *v, *cq, *ck, *scale = Py_None, *out_arg = Py_None, *stream_arg = Py_None, *t5_arg = Py_None;
+    PyObject *q, *k, *v, *cq, *ck, *scale = Py_None, *out_arg = Py_None, *stream_arg = Py_None, *t5_arg = Py_None,
+             *rotary_arg = Py_None;
     PyObject *out = NULL, *lse = NULL, *result = NULL;
     long long max_q, max_k;
     int causal = 0, return_lse = 0, has_scale = 0;
@@ -57,11 +58,14 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
     uintptr_t stream = 0;
     for (int i = 0; i < 7; i++) memset(all[i], 0, sizeof *all[i]);
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOLL|$pOOpOO:attention_varlen", kwlist, &q, &k, &v, &cq, &ck, &max_q,
-                                     &max_k, &causal, &scale, &out_arg, &return_lse, &stream_arg, &t5_arg))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOLL|$pOOpOOO:attention_varlen", kwlist, &q, &k, &v, &cq, &ck, &max_q,
+                                     &max_k, &causal, &scale, &out_arg, &return_lse, &stream_arg, &t5_arg, &rotary_arg))
         return NULL;
     if (fs_parse_scale(scale, &has_scale, &scale_value) < 0) return NULL;
     if (t5_arg != Py_None && fs_parse_t5(t5_arg, &t5) < 0) return NULL;
+    int rotary;
+    float rotary_base = 0;
+    if (fs_parse_rotary(rotary_arg, &rotary, &rotary_base) < 0) return NULL;
     if (max_q < 1 || max_k < 1 || max_q > INT32_MAX || max_k > INT32_MAX) {
         PyErr_Format(PyExc_ValueError, "max_seqlen_q and max_seqlen_k must be in [1, 2**31), got %lld and %lld", max_q, max_k);
         return NULL;
@@ -81,6 +85,7 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
                          fs_shape_str(t[i]->shape, 3, b1, sizeof b1), fs_shape_str(tq.shape, 3, b2, sizeof b2));
             goto done;
         }
+    if (fs_check_rotary(rotary, tq.shape[2]) < 0) goto done;
     if (tk.shape[0] != tv.shape[0]) {
         PyErr_Format(PyExc_ValueError, "k has %lld tokens but v has %lld: they must match", (long long)tk.shape[0],
                      (long long)tv.shape[0]);
@@ -112,6 +117,8 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
     p.scale = has_scale ? scale_value : 1.0 / sqrt((double)p.D);
     p.causal = causal;
     p.dtype = tq.dtype;
+    p.rotary = rotary;
+    p.rotary_base = rotary_base;
     p.cu_seqlens_q = (const int32_t *)tcq.data;
     p.cu_seqlens_k = (const int32_t *)tck.data;
     p.q = tq.data; p.q_ss = tq.strides[0]; p.q_sh = tq.strides[1];

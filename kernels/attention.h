@@ -50,6 +50,11 @@ typedef struct {
     const void *bias;
     int64_t bias_sb, bias_sh, bias_sq, bias_sk;
     fs_dtype bias_dtype;
+    /* rotary embeddings applied in the kernel to q (after scaling by scale, as ESM2 does) and k, ESM/HF
+     * convention: half-split rotate_half, inv_freq_i = 1 / base^(2i / D) in float32, positions 0.. per
+     * sequence; rotary = 0 for none */
+    int rotary;
+    float rotary_base;
     /* T5 relative-position bias computed in the kernel: score(i, j) += t5_table[h * t5_sh + bucket(j - i) * t5_sn] */
     const void *t5_table;
     int64_t t5_sh, t5_sn;

@@ -86,6 +86,7 @@ static void store_row_d(const double *src, fs_dtype dt, void *dst, int n)
 
 #define REAL float
 #define BLOCK_FN attention_block_f
+#define ROTATE_FN rotate_f
 #define LOAD_ROW load_row_f
 #define STORE_ROW store_row_f
 #define EXP expf
@@ -93,6 +94,7 @@ static void store_row_d(const double *src, fs_dtype dt, void *dst, int n)
 #include "attention_cpu_block.h"
 #undef REAL
 #undef BLOCK_FN
+#undef ROTATE_FN
 #undef LOAD_ROW
 #undef STORE_ROW
 #undef EXP
@@ -100,6 +102,7 @@ static void store_row_d(const double *src, fs_dtype dt, void *dst, int n)
 
 #define REAL double
 #define BLOCK_FN attention_block_d
+#define ROTATE_FN rotate_d
 #define LOAD_ROW load_row_d
 #define STORE_ROW store_row_d
 #define EXP exp
