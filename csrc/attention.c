@@ -210,6 +210,21 @@ static void fill_params(const attn_args *a, fs_tensor *const t[3], const fs_tens
     p->rotary_base = a->rotary_base;
 }
 
+int fs_run_attention(fs_state *st, const fs_attn_params *p, fs_tensor *const *arrays, int n, uintptr_t stream)
+{
+    if (arrays[0]->is_cuda) { /* order after producers that named their stream (CUDA array interface v3) */
+        for (int i = 0; i < n; i++)
+            if (arrays[i]->has_stream && fs_gpu_stream_wait(stream, arrays[i]->stream, arrays[0]->device) < 0) return -1;
+        return fs_gpu_attention(p, arrays[0]->device, stream);
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fs_attention_cpu(p, st->num_threads);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) PyErr_NoMemory();
+    return rc;
+}
+
 PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     fs_state *st = fs_get_state(module);
@@ -276,21 +291,8 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (a.t5.table && (fs_tensor_import(st, a.t5.table, "t5_bias table", stream, FS_ROUTE_AUTO, FS_FLOATS, &tt) < 0 ||
                        fs_check_t5(&tt, &tq, &a.t5, &p) < 0))
         goto done;
-    if (tq.is_cuda) {
-        for (int i = 0; i < 3; i++)
-            if (t[i]->has_stream && fs_gpu_stream_wait(stream, t[i]->stream, tq.device) < 0) goto done;
-        if (to.has_stream && fs_gpu_stream_wait(stream, to.stream, tq.device) < 0) goto done;
-        if (fs_gpu_attention(&p, tq.device, stream) < 0) goto done;
-    } else {
-        int rc;
-        Py_BEGIN_ALLOW_THREADS
-        rc = fs_attention_cpu(&p, st->num_threads);
-        Py_END_ALLOW_THREADS
-        if (rc < 0) {
-            PyErr_NoMemory();
-            goto done;
-        }
-    }
+    fs_tensor *const arrays[4] = {&tq, &tk, &tv, &to};
+    if (fs_run_attention(st, &p, arrays, 4, stream) < 0) goto done;
     result = a.return_lse ? PyTuple_Pack(2, out, lse) : Py_NewRef(out);
 done:
     for (int i = 0; i < 3; i++) fs_tensor_release(t[i]);

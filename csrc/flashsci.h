@@ -90,6 +90,9 @@ int fs_parse_t5(PyObject *t5, fs_t5_args *a);
 int fs_check_t5(const fs_tensor *x, const fs_tensor *q, const fs_t5_args *a, fs_attn_params *p);
 
 /* attention.c */
+/* Run checked parameters: the CUDA kernels on stream (after the streams arrays[0..n) named), else the
+ * CPU kernel with the GIL released. */
+int fs_run_attention(fs_state *st, const fs_attn_params *p, fs_tensor *const *arrays, int n, uintptr_t stream);
 PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
 /* gpu.c: the CUDA runtime, or stubs that raise in a build without CUDA. All return 0 or -1 with an

@@ -2,7 +2,7 @@
  * FlashAttention's cu_seqlens convention, so a batch of proteins of 80 to 8000 residues carries no padding. */
 #include "flashsci.h"
 
-#include "../kernels/attention_cpu.h"
+#include <math.h>
 
 /* cu_seqlens: int32 (B + 1,), contiguous; on the CPU also 0 first, non-decreasing, total last, and no
  * sequence longer than max_seqlen. */
@@ -147,14 +147,7 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
         p.lse = lse_data;
         p.lse_sh = tq.shape[0];
     }
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = fs_attention_cpu(&p, st->num_threads);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    if (fs_run_attention(st, &p, all, 4, stream) < 0) goto done;
     result = return_lse ? PyTuple_Pack(2, out, lse) : Py_NewRef(out);
 done:
     for (int i = 0; i < 7; i++) fs_tensor_release(all[i]);
