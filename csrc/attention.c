@@ -5,11 +5,6 @@
 
 #include <math.h>
 
-#define NO_IMPORT_ARRAY
-#define PY_ARRAY_UNIQUE_SYMBOL flashsci_ARRAY_API
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
-
 #include "../kernels/attention_cpu.h"
 
 enum { KW_CAUSAL, KW_SCALE, KW_LAYOUT, KW_OUT, KW_RETURN_LSE, KW_STREAM, KW_KPM, KW_SEQLENS, KW_BIAS, KW_T5, KW_ROTARY, KW_COUNT };
