@@ -1,4 +1,5 @@
-/* flashsci.attention(q, k, v, /, *, causal, scale, layout, out, return_lse, stream): argument parsing,
+/* flashsci.attention(q, k, v, /, *, causal, scale, layout, out, return_lse, stream, key_padding_mask,
+ * seqlens, bias, t5_bias, rotary): argument parsing,
  * the checks that turn bad input into clear errors, output allocation in the caller's framework, and
  * dispatch to the C CPU kernel or the CUDA kernels. */
 #include "flashsci.h"
