@@ -37,10 +37,9 @@ static size_t fs_dtype_size(fs_dtype dt)
 /* One element of a float dtype, widened to double (bias and T5 table values). */
 static double fs_load_scalar(const void *src, fs_dtype dt)
 {
-    const uint16_t h = *(const uint16_t *)src;
     switch (dt) {
-    case FS_F16: return fs_half_to_float(h);
-    case FS_BF16: return fs_bf16_to_float(h);
+    case FS_F16: return fs_half_to_float(*(const uint16_t *)src);
+    case FS_BF16: return fs_bf16_to_float(*(const uint16_t *)src);
     case FS_F32: return *(const float *)src;
     default: return *(const double *)src;
     }
