@@ -1,5 +1,6 @@
 """A representative set of attention launches for compute-sanitizer (memcheck, racecheck):
-every head dim, both dtypes, tails, causal, bshd strides, the split-KV + combine path, lse."""
+every head dim, both dtypes, tails, causal, bshd strides, the split-KV + combine path, lse; then the
+protein options (padding mask with tile skipping, seqlens, bias, T5, rotary, varlen incl. empty sequences)."""
 import torch
 
 import flashsci
@@ -17,4 +18,28 @@ for dtype in (torch.float16, torch.bfloat16):
         out, lse = flashsci.attention(q, k, v, causal=causal, layout=layout, return_lse=True)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+
+dev, f16 = "cuda", torch.float16
+q, k, v = (torch.randn(3, 2, 300, 64, device=dev, dtype=f16) for _ in range(3))
+kpm = torch.rand(3, 300, device=dev) < 0.6
+kpm[1, 70:] = False
+kpm[2] = False
+lens = torch.tensor([300, 17, 0], dtype=torch.int32, device=dev)
+table = torch.randn(2, 32, device=dev)
+bias = torch.randn(1, 2, 300, 300, device=dev, dtype=f16)
+for kw in [dict(key_padding_mask=kpm, causal=True), dict(seqlens=lens, rotary=True), dict(bias=bias, t5_bias=(table, 32, 128, True)),
+           dict(key_padding_mask=kpm, seqlens=lens, t5_bias=(table, 32, 128, False), rotary=True, causal=True)]:
+    flashsci.attention(q, k, v, **kw)
+    torch.cuda.synchronize()
+q1, k1, v1 = torch.randn(40, 1, 128, device=dev, dtype=f16), torch.randn(3000, 1, 128, device=dev, dtype=f16), torch.randn(3000, 1, 128, device=dev, dtype=f16)
+flashsci.attention(q1[None].transpose(1, 2), k1[None].transpose(1, 2), v1[None].transpose(1, 2),
+                   key_padding_mask=torch.rand(1, 3000, device=dev) < 0.1)   # split KV over a compacted tile list
+for d in (64, 128):
+    lengths = [0, 1, 100, 700, 5]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device=dev)
+    qp, kp, vp = (torch.randn(int(cu[-1]), 3, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    out, lse = flashsci.attention_varlen(qp, kp, vp, cu, cu, 700, 700, causal=True, rotary=True,
+                                         t5_bias=(torch.randn(3, 32, device=dev), 32, 128, True), return_lse=True)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
 print("sanitize cases done")

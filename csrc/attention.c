@@ -241,11 +241,6 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (fs_tensor_import(st, a.v, "v", stream, FS_ROUTE_AUTO, FS_FLOATS, &tv) < 0) goto done;
     if (check_inputs(&a, t) < 0) goto done;
     if (fs_check_rotary(a.rotary, tq.shape[3]) < 0) goto done;
-    if (tq.is_cuda && (a.kpm || a.seqlens || a.bias || a.t5.table || a.rotary)) {
-        PyErr_SetString(PyExc_NotImplementedError, "key_padding_mask, seqlens, bias, t5_bias and rotary are CPU-only in this "
-                        "version of flashsci; CUDA support is in progress");
-        goto done;
-    }
     if (a.stream && !tq.is_cuda) {
         PyErr_SetString(PyExc_ValueError, "stream= applies to CUDA inputs, but q, k and v are on the CPU");
         goto done;
@@ -287,8 +282,8 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (a.t5.table && (fs_tensor_import(st, a.t5.table, "t5_bias table", stream, FS_ROUTE_AUTO, FS_FLOATS, &tt) < 0 ||
                        fs_check_t5(&tt, &tq, &a.t5, &p) < 0))
         goto done;
-    fs_tensor *const arrays[4] = {&tq, &tk, &tv, &to};
-    if (fs_run_attention(st, &p, arrays, 4, stream) < 0) goto done;
+    fs_tensor *const arrays[8] = {&tq, &tk, &tv, &to, &tm, &tl, &tb, &tt};
+    if (fs_run_attention(st, &p, arrays, 8, stream) < 0) goto done;
     result = a.return_lse ? PyTuple_Pack(2, out, lse) : Py_NewRef(out);
 done:
     for (int i = 0; i < 3; i++) fs_tensor_release(t[i]);

@@ -258,6 +258,14 @@ int fs_check_t5(const fs_tensor *x, const fs_tensor *q, const fs_t5_args *a, fs_
                      a->buckets, fs_shape_str(x->shape, x->ndim, b1, sizeof b1));
         return -1;
     }
+    const int64_t lneg = out->Sq - 1 < a->max_distance ? out->Sq - 1 : a->max_distance;
+    const int64_t lpos = out->Sk - 1 < a->max_distance ? out->Sk - 1 : a->max_distance;
+    if (q->is_cuda && lneg + lpos + 1 > FS_CUDA_T5_MAX) {
+        PyErr_Format(PyExc_ValueError, "t5_bias on CUDA covers at most %d relative positions, min(Sq - 1, max_distance) + "
+                     "min(Sk - 1, max_distance) + 1; got %lld (Sq=%d, Sk=%d, max_distance=%d)", FS_CUDA_T5_MAX,
+                     (long long)(lneg + lpos + 1), out->Sq, out->Sk, a->max_distance);
+        return -1;
+    }
     out->t5_table = x->data;
     out->t5_sh = x->strides[0];
     out->t5_sn = x->strides[1];

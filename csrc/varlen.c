@@ -91,11 +91,6 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
                      (long long)tv.shape[0]);
         goto done;
     }
-    if (tq.is_cuda) {
-        PyErr_SetString(PyExc_NotImplementedError, "attention_varlen is CPU-only in this version of flashsci; CUDA "
-                        "support is in progress");
-        goto done;
-    }
     if (fs_tensor_import(st, cq, "cu_seqlens_q", stream, FS_ROUTE_AUTO, 1u << FS_I32, &tcq) < 0 ||
         fs_tensor_import(st, ck, "cu_seqlens_k", stream, FS_ROUTE_AUTO, 1u << FS_I32, &tck) < 0 ||
         check_cu_seqlens(&tcq, "cu_seqlens_q", &tq, tq.shape[0], max_q) < 0 ||
@@ -121,6 +116,8 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
     p.rotary_base = rotary_base;
     p.cu_seqlens_q = (const int32_t *)tcq.data;
     p.cu_seqlens_k = (const int32_t *)tck.data;
+    p.total_q = tq.shape[0];
+    p.total_k = tk.shape[0];
     p.q = tq.data; p.q_ss = tq.strides[0]; p.q_sh = tq.strides[1];
     p.k = tk.data; p.k_ss = tk.strides[0]; p.k_sh = tk.strides[1];
     p.v = tv.data; p.v_ss = tv.strides[0]; p.v_sh = tv.strides[1];
@@ -147,7 +144,7 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
         p.lse = lse_data;
         p.lse_sh = tq.shape[0];
     }
-    if (fs_run_attention(st, &p, all, 4, stream) < 0) goto done;
+    if (fs_run_attention(st, &p, all, 7, stream) < 0) goto done;
     result = return_lse ? PyTuple_Pack(2, out, lse) : Py_NewRef(out);
 done:
     for (int i = 0; i < 7; i++) fs_tensor_release(all[i]);

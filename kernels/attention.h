@@ -40,6 +40,7 @@ typedef struct {
      * cu_seqlens_q[b + 1] - 1 of q and o, and cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 of k and v; B is
      * the number of sequences, Sq and Sk the longest lengths, batch strides 0. NULL = padded batches */
     const int32_t *cu_seqlens_q, *cu_seqlens_k;
+    int64_t total_q, total_k; /* packed token counts: CUDA kernels clamp cu_seqlens to them (values unchecked there) */
     /* key padding: key j of batch b is kept when kpm[b * kpm_sb + j * kpm_sk] != 0 (bool bytes); NULL = none */
     const uint8_t *kpm;
     int64_t kpm_sb, kpm_sk;
@@ -61,6 +62,10 @@ typedef struct {
     int t5_buckets, t5_max_distance, t5_bidirectional;
     fs_dtype t5_dtype;
 } fs_attn_params;
+
+/* CUDA kernels keep the T5 bias of every relative position in shared memory (clamped where buckets saturate):
+ * min(Sq - 1, max_distance) + min(Sk - 1, max_distance) + 1 entries, at most this many */
+#define FS_CUDA_T5_MAX 16384
 
 /* T5's relative-position bucket of rel = key position - query position, exactly as HF transformers'
  * T5Attention._relative_position_bucket (float32 log, truncation toward zero). */

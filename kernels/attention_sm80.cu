@@ -60,11 +60,18 @@ FS_TILE_SMALL(64,  4, 1, 64, 1);
 FS_TILE_SMALL(96,  4, 1, 64, 1);
 FS_TILE_SMALL(128, 4, 1, 64, 1);
 FS_TILE_SMALL(256, 4, 1, 32, 0);
+/* FEAT kernels (protein options) carry more state: at D <= 64 the 128-key tile spills, 64 keys do not */
+template <int D, bool SMALL, bool FEAT> struct fs_tile_for : fs_tile<D, SMALL> {};
+template <> struct fs_tile_for<32, false, true> : fs_cfg<4, 2, 64, 3, 0> {};
+template <> struct fs_tile_for<64, false, true> : fs_cfg<4, 2, 64, 3, 0> {};
 
 /* Shared-memory row pitch in elements: a multiple of 64 so the 16-byte-chunk XOR swizzle stays in-row. */
 template <int D> struct fs_pitch { enum { VALUE = D < 64 ? 64 : (D + 63) / 64 * 64 }; };
 
 #define FS_MAX_SPLITS 16
+#define FS_LOG2E 1.4426950408889634f
+#define FS_LIST_MAX 4096 /* KV tiles a key padding mask can compact in shared memory */
+#define FS_EXT_MAX (4 * FS_CUDA_T5_MAX + 4 * FS_LIST_MAX + 4 * 128 + 64) /* FEAT extras, bytes */
 #define FS_COUNTER_BYTES 16384 /* per-query-tile split counters; splitting needs blocks <= sm_count / 2 */
 
 /* Everything a launch needs beyond the problem: KV splits and their fp32 workspace. */
@@ -75,6 +82,12 @@ typedef struct {
     float *o_part;     /* [splits][B*H][Sq][D], each split normalised by its own l */
     float *lse_part;   /* [splits][B*H][Sq], natural log */
     int *counters;     /* [B*H][n_qtiles] finished splits per query tile, zero between launches */
+    /* protein options (FEAT kernels): extras in shared memory after the K/V ring, at these byte offsets */
+    int ext_freq;      /* rotary inv_freq_i, D/2 floats */
+    int ext_t5, t5_n, t5_lneg; /* T5 bias (log2 units) of rel = -t5_lneg .. t5_n - 1 - t5_lneg, clamped beyond
+                                  (buckets saturate from |rel| = max_distance on) */
+    int ext_list, list_tiles;  /* key padding mask: visited KV tiles compacted here (and per-tile padded-key
+                                  flags after them); 0 = visit all, mask per key */
 } fs_sm80_args;
 
 /* ---- PTX wrappers ---- */
@@ -159,16 +172,109 @@ FS_DEV void load_tile(T *tile, const T *g, int64_t stride, int valid, int tid)
     }
 }
 
-template <int D, typename T, bool SMALL>
-__global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_sm80(const fs_sm80_args a)
+/* ---- protein options (FEAT kernels only) ---- */
+
+/* The same copy with chunk c of a row and its rotate_half partner c + D/16 in one thread, so that the
+ * thread can rotate what it copied right after its own cp.async wait, with no extra barrier. */
+template <int ROWS, int D, int THREADS, typename T>
+FS_DEV void load_tile_pairs(T *tile, const T *g, int64_t stride, int valid, int tid)
 {
-    using tile = fs_tile<D, SMALL>;
+    constexpr int HALF = D / 16, P = fs_pitch<D>::VALUE;
+#pragma unroll
+    for (int i = tid; i < ROWS * HALF; i += THREADS) {
+        const int r = i / HALF, c = i % HALF;
+        const bool ok = r < valid;
+        const T *src = g + (ok ? r * stride + c * 8 : 0);
+        cp_async16(smem_addr(tile + swz<P>(r, c * 8)), src, ok);
+        cp_async16(smem_addr(tile + swz<P>(r, (c + HALF) * 8)), src + (ok ? D / 2 : 0), ok);
+    }
+}
+
+template <typename T> FS_DEV_T float2 unpack2(uint32_t w);
+template <> FS_DEV_T float2 unpack2<__half>(uint32_t w) { return __half22float2(*reinterpret_cast<__half2 *>(&w)); }
+template <> FS_DEV_T float2 unpack2<__nv_bfloat16>(uint32_t w) { return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&w)); }
+
+/* sin and cos of a float32 angle: reduced to [-pi, pi] with a two-part 2 pi, then the hardware units
+ * (absolute error ~3e-7 for the angles rotary embeddings use, far below fp16 rounding) */
+FS_DEV void sincos_reduced(float x, float *s, float *c)
+{
+    const float n = rintf(x * 0.159154943091895336f);
+    const float r = fmaf(n, 1.74845553e-7f, fmaf(n, -6.28318548202514648f, x));
+    __sincosf(r, s, c);
+}
+
+/* Rotary embedding, in place, of the chunk pairs this thread copied with load_tile_pairs; row r has
+ * position pos0 + r. ESM / HF convention: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin on the halves
+ * x1 = x[:D/2], x2 = x[D/2:], angle = pos inv_freq_i in float32. */
+template <int ROWS, int D, int THREADS, typename T>
+FS_DEV void rotate_tile_pairs(T *tile, int pos0, int valid, const float *inv_freq, int tid)
+{
+    constexpr int HALF = D / 16, P = fs_pitch<D>::VALUE;
+#pragma unroll
+    for (int i = tid; i < ROWS * HALF; i += THREADS) {
+        const int r = i / HALF, c = i % HALF;
+        if (r < valid) {
+            uint4 *p1 = reinterpret_cast<uint4 *>(tile + swz<P>(r, c * 8));
+            uint4 *p2 = reinterpret_cast<uint4 *>(tile + swz<P>(r, (c + HALF) * 8));
+            uint32_t w1[4], w2[4];
+            *reinterpret_cast<uint4 *>(w1) = *p1;
+            *reinterpret_cast<uint4 *>(w2) = *p2;
+            const float pos = (float)(pos0 + r);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 x1 = unpack2<T>(w1[e]), x2 = unpack2<T>(w2[e]);
+                float s0, c0, s1, c1;
+                sincos_reduced(pos * inv_freq[c * 8 + 2 * e], &s0, &c0);
+                sincos_reduced(pos * inv_freq[c * 8 + 2 * e + 1], &s1, &c1);
+                w1[e] = pack2<T>(x1.x * c0 - x2.x * s0, x1.y * c1 - x2.y * s1);
+                w2[e] = pack2<T>(x2.x * c0 + x1.x * s0, x2.y * c1 + x1.y * s1);
+            }
+            *p1 = *reinterpret_cast<uint4 *>(w1);
+            *p2 = *reinterpret_cast<uint4 *>(w2);
+        }
+    }
+}
+
+/* One element of a float tensor (bias, T5 table) as float. */
+FS_DEV float load_float(const void *base, int64_t i, fs_dtype dt)
+{
+    if (dt == FS_F32) return __ldg(static_cast<const float *>(base) + i);
+    if (dt == FS_F64) return (float)__ldg(static_cast<const double *>(base) + i);
+    const unsigned short bits = __ldg(static_cast<const unsigned short *>(base) + i);
+    return dt == FS_F16 ? __half2float(__ushort_as_half(bits)) : __bfloat162float(__ushort_as_bfloat16(bits));
+}
+
+/* This block's sequence: packed row offsets and lengths (cu_seqlens values are not checked on the host
+ * for CUDA inputs, so they are clamped to the packed tensors here), then seqlens. */
+typedef struct { int64_t qo, ko; int q_len, k_len; } fs_seq;
+FS_DEV fs_seq seq_geometry(const fs_attn_params &p, int b)
+{
+    fs_seq s = {0, 0, p.Sq, p.Sk};
+    if (p.cu_seqlens_q) {
+        s.qo = min(max((int64_t)p.cu_seqlens_q[b], (int64_t)0), p.total_q);
+        s.ko = min(max((int64_t)p.cu_seqlens_k[b], (int64_t)0), p.total_k);
+        s.q_len = (int)max((int64_t)0, min((int64_t)p.cu_seqlens_q[b + 1] - s.qo, min((int64_t)p.Sq, p.total_q - s.qo)));
+        s.k_len = (int)max((int64_t)0, min((int64_t)p.cu_seqlens_k[b + 1] - s.ko, min((int64_t)p.Sk, p.total_k - s.ko)));
+    }
+    if (p.seqlens) {
+        const int len = min(max(p.seqlens[b], 0), p.Sq);
+        s.q_len = min(s.q_len, len);
+        s.k_len = min(s.k_len, len);
+    }
+    return s;
+}
+
+template <int D, typename T, bool SMALL, bool FEAT>
+__global__ void __launch_bounds__(fs_tile_for<D, SMALL, FEAT>::WARPS * 32) attention_fwd_sm80(const fs_sm80_args a)
+{
+    using tile = fs_tile_for<D, SMALL, FEAT>;
     constexpr int WARPS = tile::WARPS, MT = tile::MT, BC = tile::BC, STAGES = tile::STAGES;
     constexpr int BR = 16 * MT * WARPS, THREADS = WARPS * 32, WR = 16 * MT; /* WR: rows per warp */
     constexpr int PITCH = fs_pitch<D>::VALUE, KD = D / 16, NS = BC / 8, NO = D / 8;
     constexpr bool Q_IN_REGS = tile::Q_IN_REGS;
     extern __shared__ __align__(128) unsigned char smem[];
     T *sQ = reinterpret_cast<T *>(smem), *sKV = sQ + BR * PITCH; /* ring: stage s holds K at 2s, V at 2s+1 */
+    unsigned char *ext = reinterpret_cast<unsigned char *>(sKV + 2 * BC * PITCH * STAGES); /* FEAT extras */
 
     const fs_attn_params &p = a.p;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -180,28 +286,81 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
     bid /= a.n_qtiles;
     const int split = bid % a.n_splits, bh = bid / a.n_splits, b = bh / p.H, h = bh % p.H;
     if (p.causal) qt = a.n_qtiles - 1 - qt;
-    const int q0 = qt * BR, q_rows = min(BR, p.Sq - q0);
+    const int q0 = qt * BR;
 
-    const T *gQ = static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh + (int64_t)q0 * p.q_ss;
-    const T *gK = static_cast<const T *>(p.k) + b * p.k_sb + h * p.k_sh;
-    const T *gV = static_cast<const T *>(p.v) + b * p.v_sb + h * p.v_sh;
+    /* this block's sequence (FEAT: packed, seqlens); rows q_len.. of a padded batch are written as zeros,
+     * those of a packed one belong to the next sequence and are not touched */
+    const fs_seq seq = FEAT ? seq_geometry(p, b) : fs_seq{0, 0, p.Sq, p.Sk};
+    if (FEAT && p.cu_seqlens_q && q0 >= seq.q_len) return;
+    const int q_rows = min(BR, (FEAT && p.cu_seqlens_q ? seq.q_len : p.Sq) - q0), k_len = seq.k_len;
 
-    /* KV tiles this block visits: causal (top-left) rows q0.. see keys below q0 + BR */
-    const int kv_end = p.causal ? min(p.Sk, q0 + BR) : p.Sk;
-    const int n_kv = (kv_end + BC - 1) / BC, per_split = (n_kv + a.n_splits - 1) / a.n_splits;
+    const T *gQ = static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh + (seq.qo + q0) * p.q_ss;
+    const T *gK = static_cast<const T *>(p.k) + b * p.k_sb + h * p.k_sh + seq.ko * p.k_ss;
+    const T *gV = static_cast<const T *>(p.v) + b * p.v_sb + h * p.v_sh + seq.ko * p.v_ss;
+
+    /* KV tiles this block visits: causal (top-left) rows q0.. see keys below q0 + BR; none past k_len, and
+     * none for a query tile wholly past q_len */
+    const int kv_end = q0 >= seq.q_len ? 0 : p.causal ? min(k_len, min(q0 + BR, seq.q_len)) : k_len;
+    int n_kv = (kv_end + BC - 1) / BC;
+
+    /* FEAT extras in shared memory: inv_freq_i for rotary, the T5 bias by clamped relative position
+     * (log2 units), and the list of KV tiles holding a kept key */
+    float *s_freq = reinterpret_cast<float *>(ext + a.ext_freq), *s_t5 = reinterpret_cast<float *>(ext + a.ext_t5);
+    unsigned short *s_list = reinterpret_cast<unsigned short *>(ext + a.ext_list); /* tile | partly padded << 15 */
+    const bool use_list = FEAT && a.list_tiles;
+    if (FEAT) {
+        if (p.rotary)
+            for (int i = tid; i < D / 2; i += THREADS) s_freq[i] = 1.0f / powf(p.rotary_base, (float)(2 * i) / (float)D);
+        for (int i = tid; i < a.t5_n; i += THREADS) {
+            const int bucket = fs_t5_bucket(i - a.t5_lneg, p.t5_buckets, p.t5_max_distance, p.t5_bidirectional);
+            s_t5[i] = load_float(p.t5_table, h * p.t5_sh + bucket * p.t5_sn, p.t5_dtype) * FS_LOG2E;
+        }
+        if (use_list) {
+            /* flag tiles with a kept key (bit 0) and with a padded one (bit 1, the tail past k_len does not
+             * count), then compact in place into tile indices with the partial bit (warp 0, ballots) */
+            __shared__ int s_count;
+            unsigned short *s_pad = s_list + a.list_tiles;
+            for (int t = tid; t < n_kv; t += THREADS) s_list[t] = s_pad[t] = 0;
+            __syncthreads();
+            for (int j = tid; j < kv_end; j += THREADS) {
+                if (p.kpm[b * p.kpm_sb + j * p.kpm_sk]) s_list[j / BC] = 1;
+                else s_pad[j / BC] = 1;
+            }
+            __syncthreads();
+            if (warp == 0) {
+                int count = 0;
+                for (int base = 0; base < n_kv; base += 32) {
+                    const bool keep = base + lane < n_kv && s_list[base + lane];
+                    const int partial = keep ? s_pad[base + lane] : 0;
+                    const unsigned ballot = __ballot_sync(0xffffffff, keep);
+                    if (keep) s_list[count + __popc(ballot & ((1u << lane) - 1))] = (unsigned short)(base + lane | partial << 15);
+                    count += __popc(ballot);
+                }
+                if (lane == 0) s_count = count;
+            }
+            __syncthreads();
+            n_kv = s_count;
+        }
+        __syncthreads(); /* extras visible to every thread (rotation reads s_freq before the loop's barrier) */
+    }
+    const int per_split = (n_kv + a.n_splits - 1) / a.n_splits;
     const int t_begin = split * per_split, t_end = min(n_kv, t_begin + per_split);
+    auto kv_entry = [&](int t) { return use_list ? (int)s_list[t] : t; }; /* visit index -> tile (| partial << 15) */
+    auto kv_tile = [&](int t) { return kv_entry(t) & 0x7fff; };
 
     /* issue K_t, V_t into ring stage t % STAGES (nothing past t_end; the group is committed regardless) */
     auto load_kv = [&](int t) {
         if (t < t_end) {
             T *st = sKV + (t % STAGES) * 2 * BC * PITCH;
-            const int rows = min(BC, p.Sk - t * BC);
-            load_tile<BC, D, THREADS>(st, gK + (int64_t)t * BC * p.k_ss, p.k_ss, rows, tid);
-            load_tile<BC, D, THREADS>(st + BC * PITCH, gV + (int64_t)t * BC * p.v_ss, p.v_ss, rows, tid);
+            const int k0 = kv_tile(t) * BC, rows = min(BC, k_len - k0);
+            if (FEAT) load_tile_pairs<BC, D, THREADS>(st, gK + (int64_t)k0 * p.k_ss, p.k_ss, rows, tid);
+            else load_tile<BC, D, THREADS>(st, gK + (int64_t)k0 * p.k_ss, p.k_ss, rows, tid);
+            load_tile<BC, D, THREADS>(st + BC * PITCH, gV + (int64_t)k0 * p.v_ss, p.v_ss, rows, tid);
         }
         cp_async_commit();
     };
-    load_tile<BR, D, THREADS>(sQ, gQ, p.q_ss, q_rows, tid);
+    if (FEAT) load_tile_pairs<BR, D, THREADS>(sQ, gQ, p.q_ss, q_rows, tid);
+    else load_tile<BR, D, THREADS>(sQ, gQ, p.q_ss, q_rows, tid);
     for (int s = 0; s < STAGES - 1; s++) load_kv(t_begin + s);
 
     float acc_o[MT][NO][4];
@@ -236,10 +395,14 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
 
     for (int j = t_begin; j < t_end; j++) {
         cp_async_wait<STAGES - 2>();
+        const int k0 = kv_tile(j) * BC;
+        if (FEAT && p.rotary) { /* this thread's own chunks of Q (first tile) and K_j have landed: rotate them */
+            if (j == t_begin) rotate_tile_pairs<BR, D, THREADS>(sQ, q0, q_rows, s_freq, tid);
+            rotate_tile_pairs<BC, D, THREADS>(sKV + (j % STAGES) * 2 * BC * PITCH, k0, min(BC, k_len - k0), s_freq, tid);
+        }
         __syncthreads(); /* tile j has landed for all threads; every warp is done with tile j - 1's stage */
         load_kv(j + STAGES - 1);
         const uint32_t sK_addr = smem_addr(sKV + (j % STAGES) * 2 * BC * PITCH), sV_addr = sK_addr + 2 * BC * PITCH;
-        const int k0 = j * BC;
 
         /* S = Q K_j^T (raw scores, fp32); each K fragment feeds MT row tiles */
         float s[MT][NS][4];
@@ -280,8 +443,54 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
                 for (int n = 0; n < NS; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) s[mt][n][e] *= a.scale_log2;
-        /* mask keys past Sk and, for causal, keys after the query (col > row) */
-        if (k0 + BC > p.Sk || (p.causal && k0 + BC - 1 > warp_row)) {
+        /* scores in log2 units are x = S * tile_mul + tile_add; additive terms that vary inside the tile are
+         * folded into S here (tile_mul becomes 1) */
+        float tile_mul = mul, tile_add = 0.f;
+        if (FEAT && (p.t5_table || p.bias)) {
+            /* T5: t5(j - i) is one value for the whole warp tile when every relative position of it clamps to
+             * the same entry (buckets saturate past max_distance): then it only shifts the exponent */
+            const int lo = min(max(k0 - (warp_row + WR - 1), -a.t5_lneg), a.t5_n - 1 - a.t5_lneg);
+            const int hi = min(max(k0 + BC - 1 - warp_row, -a.t5_lneg), a.t5_n - 1 - a.t5_lneg);
+            if (p.t5_table && lo == hi && !p.bias) {
+                tile_add = s_t5[lo + a.t5_lneg];
+            } else {
+                /* S_ij = S_ij c + t5(j - i): j - i = base + 8 dd + c over dd = n - 2 mt - r, one shared load
+                 * per distinct offset */
+                const int base = k0 + 2 * t4 - warp_row - g;
+#pragma unroll
+                for (int dd = -(2 * MT - 1); dd < NS; dd++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float t5v = p.t5_table ? s_t5[min(max(base + 8 * dd + c, -a.t5_lneg), a.t5_n - 1 - a.t5_lneg) +
+                                                            a.t5_lneg] : 0.f;
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                            for (int r = 0; r < 2; r++) {
+                                const int n = dd + 2 * mt + r;
+                                if (n >= 0 && n < NS) s[mt][n][2 * r + c] = fmaf(s[mt][n][2 * r + c], mul, t5v);
+                            }
+                    }
+                tile_mul = 1.f;
+                if (p.bias) { /* S_ij += bias_ij log2 e (rows and keys inside the sequence) */
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int n = 0; n < NS; n++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                const int col = k0 + n * 8 + 2 * t4 + (e & 1), row = warp_row + mt * 16 + g + (e >> 1) * 8;
+                                if (col < k_len && row < seq.q_len)
+                                    s[mt][n][e] += load_float(p.bias, b * p.bias_sb + h * p.bias_sh + (int64_t)row * p.bias_sq +
+                                                              (int64_t)col * p.bias_sk, p.bias_dtype) * FS_LOG2E;
+                            }
+                }
+            }
+        }
+        /* mask keys past the length and, for causal, keys after the query (col > row); FEAT: padded keys of a
+         * tile the key padding mask keeps only partly */
+        const bool kpm_partial = FEAT && p.kpm && (!use_list || (kv_entry(j) >> 15));
+        if (!FEAT && (k0 + BC > p.Sk || (p.causal && k0 + BC - 1 > warp_row))) {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -291,9 +500,22 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
                         const int col = k0 + n * 8 + 2 * t4 + (e & 1), row = warp_row + mt * 16 + g + (e >> 1) * 8;
                         if (col >= p.Sk || (p.causal && col > row)) s[mt][n][e] = -INFINITY;
                     }
+        } else if (FEAT && (kpm_partial || k0 + BC > k_len || (p.causal && k0 + BC - 1 > warp_row))) {
+#pragma unroll
+            for (int n = 0; n < NS; n++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int col = k0 + n * 8 + 2 * t4 + c;
+                    const bool kept = col < k_len && (!kpm_partial || p.kpm[b * p.kpm_sb + (int64_t)col * p.kpm_sk]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int r = 0; r < 2; r++)
+                            if (!kept || (p.causal && col > warp_row + mt * 16 + g + r * 8)) s[mt][n][2 * r + c] = -INFINITY;
+                }
         }
 
-        /* m_new = max(m_i, rowmax(S) * c), c = scale log2e;  P = exp2(S c - m_new);
+        /* m_new = max(m_i, rowmax(S) c + a), c = scale log2e (tile_mul), a = tile_add;  P = exp2(S c + a - m_new);
          * l_i = exp2(m_i - m_new) l_i + rowsum(P);  O_i = exp2(m_i - m_new) O_i.
          * P is packed to T pairs at once (pk[mt][n][r]: row g + 8r), so the fp32 scores die here. */
         uint32_t pk[MT][NS][2];
@@ -306,14 +528,14 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
                 for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-                const float m_new = fmaxf(m_i[mt][r], mx * mul), m_use = m_new == -INFINITY ? 0.f : m_new;
+                const float m_new = fmaxf(m_i[mt][r], FEAT ? fmaf(mx, tile_mul, tile_add) : mx * mul), m_use = m_new == -INFINITY ? 0.f : m_new;
                 const float alpha = exp2_approx(m_i[mt][r] - m_use);
                 m_i[mt][r] = m_new;
                 float sum = 0.f;
 #pragma unroll
                 for (int n = 0; n < NS; n++) {
-                    const float p0 = exp2_approx(fmaf(s[mt][n][2 * r], mul, -m_use));
-                    const float p1 = exp2_approx(fmaf(s[mt][n][2 * r + 1], mul, -m_use));
+                    const float p0 = exp2_approx(fmaf(s[mt][n][2 * r], tile_mul, FEAT ? tile_add - m_use : -m_use));
+                    const float p1 = exp2_approx(fmaf(s[mt][n][2 * r + 1], tile_mul, FEAT ? tile_add - m_use : -m_use));
                     sum += p0 + p1;
                     pk[mt][n][r] = pack2<T>(p0, p1);
                 }
@@ -349,8 +571,10 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
         }
     }
     cp_async_wait<0>();
+    if (FEAT && t_begin >= t_end) __syncthreads(); /* no tile visited: other warps' Q copies into our rows landed */
 
-    /* l_i is summed over the four lanes that share a row; O_i / l_i; lse = (m_i + log2 l_i) ln 2 */
+    /* l_i is summed over the four lanes that share a row; O_i / l_i; lse = (m_i + log2 l_i) ln 2. A row with
+     * no kept key (l = 0), or past its sequence's length, is written as zeros with lse -inf. */
     float inv[MT][2], lse[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -359,10 +583,13 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
             float l = l_i[mt][r];
             l += __shfl_xor_sync(0xffffffff, l, 1);
             l += __shfl_xor_sync(0xffffffff, l, 2);
+            if (FEAT && warp_row + mt * 16 + g + r * 8 >= seq.q_len) l = 0.f;
             inv[mt][r] = l > 0.f ? 1.f / l : 0.f;
             lse[mt][r] = l > 0.f ? (m_i[mt][r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
         }
     const int64_t bh_row = (int64_t)bh * p.Sq;
+    T *gO = static_cast<T *>(p.o) + b * p.o_sb + h * p.o_sh + seq.qo * p.o_ss;
+    float *gL = p.lse ? static_cast<float *>(p.lse) + b * p.lse_sb + h * p.lse_sh + seq.qo : NULL;
 
     if (a.n_splits > 1) {
         /* partial result of this split, fp32 from registers, normalised by its own l */
@@ -373,7 +600,7 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int row = warp_row + mt * 16 + g + r * 8;
-                if (row >= p.Sq) continue;
+                if (row >= q0 + q_rows) continue;
 #pragma unroll
                 for (int n = 0; n < NO; n++)
                     *reinterpret_cast<float2 *>(op + (int64_t)row * D + n * 8 + 2 * t4) =
@@ -394,7 +621,6 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
         if (!last) return;
         __threadfence();
         /* every thread merges 4-column chunks; the loads of all splits are independent and in flight together */
-        T *gO = static_cast<T *>(p.o) + b * p.o_sb + h * p.o_sh;
         constexpr int C4 = D / 4;
         for (int i = tid; i < q_rows * C4; i += THREADS) {
             const int r = i / C4, c = i % C4;
@@ -420,7 +646,7 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
             const float invs = sum > 0.f ? 1.f / sum : 0.f;
             const uint2 packed = make_uint2(pack2<T>(o.x * invs, o.y * invs), pack2<T>(o.z * invs, o.w * invs));
             *reinterpret_cast<uint2 *>(gO + (int64_t)(q0 + r) * p.o_ss + c * 4) = packed;
-            if (p.lse && c == 0) static_cast<float *>(p.lse)[idx] = sum > 0.f ? mx + __logf(sum) : -INFINITY;
+            if (gL && c == 0) gL[q0 + r] = sum > 0.f ? mx + __logf(sum) : -INFINITY;
         }
         return;
     }
@@ -437,30 +663,32 @@ __global__ void __launch_bounds__(fs_tile<D, SMALL>::WARPS * 32) attention_fwd_s
                 *reinterpret_cast<uint32_t *>(sQ + swz<PITCH>(warp * WR + mt * 16 + g + r * 8, n * 8 + 2 * t4)) =
                     pack2<T>(acc_o[mt][n][2 * r] * inv[mt][r], acc_o[mt][n][2 * r + 1] * inv[mt][r]);
     __syncwarp();
-    T *gO = static_cast<T *>(p.o) + b * p.o_sb + h * p.o_sh;
 #pragma unroll
     for (int i = lane; i < WR * (D / 8); i += 32) {
         const int r = i / (D / 8), c = i % (D / 8), row = warp_row + r;
-        if (row < p.Sq)
+        if (row < q0 + q_rows)
             *reinterpret_cast<uint4 *>(gO + (int64_t)row * p.o_ss + c * 8) =
                 *reinterpret_cast<const uint4 *>(sQ + swz<PITCH>(warp * WR + r, c * 8));
     }
-    if (p.lse && t4 == 0) {
+    if (gL && t4 == 0) {
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int row = warp_row + mt * 16 + g + r * 8;
-                if (row < p.Sq) static_cast<float *>(p.lse)[bh_row + row] = lse[mt][r];
+                if (row < q0 + q_rows) gL[row] = lse[mt][r];
             }
     }
 }
 
-/* Raise a kernel's dynamic shared-memory limit once per device. */
+/* Raise a kernel's dynamic shared-memory limit once per device (to smem, or the device's most). */
 static cudaError_t prepare_kernel(const void *fn, int smem, int device, unsigned long long *done_mask)
 {
     if (device < 64 && (*done_mask >> device) & 1ULL) return cudaSuccess;
-    cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    int optin = 0;
+    cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != cudaSuccess) return err;
+    err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem < optin ? smem : optin);
     if (err == cudaSuccess && device < 64) *done_mask |= 1ULL << device;
     return err;
 }
@@ -533,16 +761,46 @@ static int choose_splits(long long blocks, int n_kv, int sm_count)
     return s < FS_MAX_SPLITS ? s : FS_MAX_SPLITS;
 }
 
-/* Launch one tile variant (grid = query tiles x KV splits x batch*heads, flattened), or only describe it. */
-template <int D, typename T, bool SMALL>
+/* Shared-memory extras of a FEAT launch (rotary frequencies, T5 bias by relative position, KV tile list);
+ * returns their bytes. */
+template <int D, int BC>
+static int plan_extras(const fs_attn_params *p, fs_sm80_args *a)
+{
+    int bytes = 0;
+    a->ext_freq = a->ext_t5 = a->ext_list = 0;
+    a->t5_n = a->t5_lneg = a->list_tiles = 0;
+    if (p->rotary) {
+        a->ext_freq = bytes;
+        bytes += 4 * (D / 2);
+    }
+    if (p->t5_table) {
+        const long long lneg = p->Sq - 1 < p->t5_max_distance ? p->Sq - 1 : p->t5_max_distance;
+        const long long lpos = p->Sk - 1 < p->t5_max_distance ? p->Sk - 1 : p->t5_max_distance;
+        a->ext_t5 = bytes;
+        a->t5_lneg = (int)lneg;
+        a->t5_n = (int)(lneg + lpos + 1); /* <= FS_CUDA_T5_MAX, checked by the host */
+        bytes += 4 * a->t5_n;
+    }
+    const int n_kv = (p->Sk + BC - 1) / BC;
+    if (p->kpm && n_kv <= FS_LIST_MAX) { /* the list, then the padded-key flags */
+        a->ext_list = bytes;
+        a->list_tiles = n_kv;
+        bytes += 4 * n_kv;
+    }
+    return (bytes + 15) & ~15;
+}
+
+/* Launch one tile variant (grid = query tiles x KV splits x batch*heads, flattened), or only describe it.
+ * FEAT: the kernel with the protein options (packing, padding, bias, T5, rotary). */
+template <int D, typename T, bool SMALL, bool FEAT>
 static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int device, cudaStream_t stream, fs_sm80_plan *plan)
 {
-    using tile = fs_tile<D, SMALL>;
+    using tile = fs_tile_for<D, SMALL, FEAT>;
     constexpr int BR = 16 * tile::MT * tile::WARPS, BC = tile::BC, THREADS = 32 * tile::WARPS;
-    constexpr int SMEM = (BR + 2 * BC * tile::STAGES) * fs_pitch<D>::VALUE * (int)sizeof(T);
+    constexpr int RING = (BR + 2 * BC * tile::STAGES) * fs_pitch<D>::VALUE * (int)sizeof(T);
     static unsigned long long prepared;
-    const void *kernel = (const void *)attention_fwd_sm80<D, T, SMALL>;
-    cudaError_t err = prepare_kernel(kernel, SMEM, device, &prepared);
+    const void *kernel = (const void *)attention_fwd_sm80<D, T, SMALL, FEAT>;
+    cudaError_t err = prepare_kernel(kernel, RING + (FEAT ? FS_EXT_MAX : 0), device, &prepared);
     if (err != cudaSuccess) return err;
 
     fs_sm80_args a;
@@ -553,17 +811,18 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
     a.n_splits = choose_splits(blocks, (p->Sk + BC - 1) / BC, sm_count);
     a.o_part = a.lse_part = NULL;
     a.counters = NULL;
+    const int smem = RING + (FEAT ? plan_extras<D, BC>(p, &a) : 0);
     if (blocks * a.n_splits > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     if (plan) {
         plan->small = SMALL;
         plan->br = BR;
         plan->bc = BC;
         plan->threads = THREADS;
-        plan->smem = SMEM;
+        plan->smem = smem;
         plan->n_qtiles = a.n_qtiles;
         plan->n_splits = a.n_splits;
         plan->blocks = blocks * a.n_splits;
-        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&plan->blocks_per_sm, kernel, THREADS, SMEM);
+        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&plan->blocks_per_sm, kernel, THREADS, smem);
     }
     void *ws = NULL;
     if (a.n_splits > 1) {
@@ -575,12 +834,21 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
         a.lse_part = a.o_part + rows * D;
     }
     void *args[] = {&a};
-    err = cudaLaunchKernel(kernel, dim3((unsigned)(blocks * a.n_splits)), dim3(THREADS), args, SMEM, stream);
+    err = cudaLaunchKernel(kernel, dim3((unsigned)(blocks * a.n_splits)), dim3(THREADS), args, smem, stream);
     if (ws) {
         cudaError_t rerr = workspace_release(stream, ws);
         if (err == cudaSuccess) err = rerr;
     }
     return err;
+}
+
+/* The kernel with the protein options when any is given. */
+template <int D, typename T, bool SMALL>
+static cudaError_t launch_feat(const fs_attn_params *p, int sm_count, int device, cudaStream_t stream, fs_sm80_plan *plan)
+{
+    if (p->cu_seqlens_q || p->kpm || p->seqlens || p->bias || p->t5_table || p->rotary)
+        return launch_variant<D, T, SMALL, true>(p, sm_count, device, stream, plan);
+    return launch_variant<D, T, SMALL, false>(p, sm_count, device, stream, plan);
 }
 
 /* Big tiles when they fill the SMs, else the small-tile variant. */
@@ -590,8 +858,8 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     using big = fs_tile<D, false>;
     constexpr int BR = 16 * big::MT * big::WARPS;
     if ((long long)p->B * p->H * ((p->Sq + BR - 1) / BR) < sm_count)
-        return launch_variant<D, T, true>(p, sm_count, device, stream, plan);
-    return launch_variant<D, T, false>(p, sm_count, device, stream, plan);
+        return launch_feat<D, T, true>(p, sm_count, device, stream, plan);
+    return launch_feat<D, T, false>(p, sm_count, device, stream, plan);
 }
 
 template <typename T>

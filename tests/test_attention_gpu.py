@@ -160,11 +160,6 @@ def test_jax_interop():
 
 
 class TestGpuErrors:
-    def test_protein_options_not_yet_on_cuda(self):
-        q = torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.float16)
-        with pytest.raises(NotImplementedError, match="CPU-only in this version"):
-            flashsci.attention(q, q, q, key_padding_mask=torch.ones(1, 16, dtype=torch.bool, device="cuda"))
-
     def test_float32_on_gpu(self):
         q = torch.randn(1, 2, 16, 64, device="cuda")
         with pytest.raises(TypeError, match="CUDA attention supports float16 and bfloat16, got float32"):

@@ -62,8 +62,14 @@ def test_rotary_matches_hf_esm():
     esm = pytest.importorskip("transformers.models.esm.modeling_esm")
     rng = np.random.default_rng()
     q, k = (rng.standard_normal((1, 4, 200, 64)).astype(np.float32) for _ in range(2))
-    rot = esm.RotaryEmbedding(64)
-    hq, hk = rot(torch.from_numpy(q), torch.from_numpy(k))
+    tq, tk = torch.from_numpy(q), torch.from_numpy(k)
+    if hasattr(esm, "RotaryEmbedding"):  # transformers 4.x: the module rotates q and k itself
+        hq, hk = esm.RotaryEmbedding(64)(tq, tk)
+    else:  # transformers 5.x: cos/sin from the config-built module, then apply_rotary_pos_emb
+        from transformers import EsmConfig
+        config = EsmConfig(hidden_size=256, num_attention_heads=4, position_embedding_type="rotary")
+        cos, sin = esm.EsmRotaryEmbedding(config)(tq, torch.arange(200)[None])
+        hq, hk = esm.apply_rotary_pos_emb(tq, tk, cos, sin)
     assert np.abs(hq.numpy() - esm_rotary(q)).max() < 1e-4
     assert np.abs(hk.numpy() - esm_rotary(k)).max() < 1e-4
 

@@ -3,6 +3,7 @@
     python -m flashsci.bench                      # GPU + torch: seed, protein and sweep configs vs torch SDPA
                                                   # CPU-only machine: the C CPU path on its default configs
     python -m flashsci.bench --sets seed --out benchmarks/results
+    python -m flashsci.bench --sets features        # protein options vs torch on real UniProt lengths
 
 On the GPU every config is timed in one run for flashsci and torch SDPA (default, and each backend: flash,
 cudnn, efficient): kernel time by CUDA-graph replay over input sets that together exceed the L2, per-call
@@ -273,14 +274,21 @@ def _gpu_ready():
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m flashsci.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sets", default="seed,protein,sweep", help="GPU config sets: seed, protein, sweep")
+    ap.add_argument("--sets", default="seed,protein,sweep",
+                    help="GPU config sets: seed, protein, sweep; features (protein options, bench_features.py)")
+    ap.add_argument("--fasta", default=None, help="uniprot20k.fasta.gz for the features set's length mix")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     ap.add_argument("--head-dim", type=int, default=None, help="only configs with this head dim")
     ap.add_argument("--out", default=None, help="folder for JSON + markdown results")
     ap.add_argument("--cpu", action="store_true", help="run the CPU benchmark even when a GPU is present")
     args = ap.parse_args(argv)
+    sets = set(args.sets.split(","))
     if _gpu_ready() and not args.cpu:
-        run_gpu(set(args.sets.split(",")), args.dtype, args.out, args.head_dim)
+        if sets - {"features"}:
+            run_gpu(sets, args.dtype, args.out, args.head_dim)
+        if "features" in sets:
+            from flashsci.bench_features import run_features
+            run_features(args.dtype, args.out, args.fasta)
     else:
         run_cpu(args.out)
 
