@@ -21,6 +21,14 @@
  *   v3  FA2 tile shapes, small-tile variant, KV splits merged in-kernel       293 / 245 (spills)
  *   v5  split merge with all loads in flight (was latency-bound, 40 us)
  *   v6  precomputed ldmatrix lane offsets (no spills at D=128)                296 / 280
+ *   v7  FEAT kernels for the protein options (packing, padding, bias, T5, rotary); the plain kernels are
+ *       unchanged. FEAT at D<=64 uses Bc=64 (Bc=128 spills): varlen 261 TF/s at 4 x 4096 tokens
+ *
+ * Protein options (FEAT): a key padding mask is scanned once per block into a shared list of the KV tiles
+ * that hold a kept key (with a "partly padded" bit), so all-padding tiles are never loaded; the T5 bias
+ * lives in shared memory indexed by relative position (a warp tile that clamps to one entry only shifts the
+ * exponent); rotary rotates Q once and each K tile in place, every thread rotating the 16-byte chunk
+ * pairs it copied itself, right after its own cp.async wait, so no extra barrier is needed.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
