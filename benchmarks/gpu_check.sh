@@ -13,6 +13,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 
 
 if [[ $STEPS == *build* ]]; then
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+  [[ $cc == 90 ]] && cc=90a   # Hopper: the wgmma kernel needs the arch-specific target
   t0=$(date +%s)
   FLASHSCI_CUDA_ARCHS=${FLASHSCI_CUDA_ARCHS:-$cc} python3 -m pip install --no-build-isolation --no-deps -q -e . \
     ${CUDA_FLAGS:+-C "cmake.define.CMAKE_CUDA_FLAGS=$CUDA_FLAGS"} \

@@ -36,9 +36,8 @@
 #include <stdint.h>
 
 #include "attention_cuda.h"
+#include "cuda_ptx.cuh"
 
-#define FS_DEV static __device__ __forceinline__
-#define FS_DEV_T __device__ __forceinline__ /* templates and their specialisations: no storage class */
 
 /* ---- tile configuration, one place: warps per block, m16 row tiles per warp (Br = 16 * MT * WARPS),
  * Bc, cp.async ring depth, and whether Q fragments stay in registers (else reloaded per KV tile) ---- */
@@ -100,16 +99,6 @@ typedef struct {
 
 /* ---- PTX wrappers ---- */
 
-FS_DEV uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-/* 16-byte async copy global -> shared; zero-fills when !valid (src is then not read). */
-FS_DEV void cp_async16(uint32_t dst, const void *src, bool valid)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-FS_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> FS_DEV_T void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
 FS_DEV void ldmatrix_x4(uint32_t addr, uint32_t r[4])
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -136,29 +125,6 @@ template <> FS_DEV_T void mma16816<__nv_bfloat16>(float c[4], const uint32_t a[4
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* Two floats rounded to a packed pair of T (lo in the low half). */
-template <typename T> FS_DEV_T uint32_t pack2(float lo, float hi);
-template <> FS_DEV_T uint32_t pack2<__half>(float lo, float hi)
-{
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-template <> FS_DEV_T uint32_t pack2<__nv_bfloat16>(float lo, float hi)
-{
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-
-template <typename T> FS_DEV_T T from_float(float x);
-template <> FS_DEV_T __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <> FS_DEV_T __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-FS_DEV float exp2_approx(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 
 /* Element offset of (row, col) in a swizzled tile: 16-byte chunk index XOR (row mod 8), so the eight
  * rows one ldmatrix reads hit eight different bank groups. */
@@ -197,10 +163,6 @@ FS_DEV void load_tile_pairs(T *tile, const T *g, int64_t stride, int valid, int 
         cp_async16(smem_addr(tile + swz<P>(r, (c + HALF) * 8)), src + (ok ? D / 2 : 0), ok);
     }
 }
-
-template <typename T> FS_DEV_T float2 unpack2(uint32_t w);
-template <> FS_DEV_T float2 unpack2<__half>(uint32_t w) { return __half22float2(*reinterpret_cast<__half2 *>(&w)); }
-template <> FS_DEV_T float2 unpack2<__nv_bfloat16>(uint32_t w) { return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&w)); }
 
 /* sin and cos of a float32 angle: reduced to [-pi, pi] with a two-part 2 pi, then the hardware units
  * (absolute error ~3e-7 for the angles rotary embeddings use, far below fp16 rounding) */

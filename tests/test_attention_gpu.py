@@ -240,3 +240,25 @@ def test_cuda_array_interface_stream_is_honoured():
     torch.cuda.synchronize()
     expect = F.scaled_dot_product_attention(x * 2, x, x)
     assert (got - expect).abs().max().item() < 2e-2
+
+
+def test_hopper_dispatch():
+    """On sm_90 devices large fp16/bf16 problems at D = 128 run on the wgmma kernel; the rest on sm80."""
+    major, _ = torch.cuda.get_device_capability()
+    plan = flashsci._flashsci._launch_plan(8, 32, 1024, 1024, 128, False)
+    small = flashsci._flashsci._launch_plan(1, 1, 128, 128, 64, False)
+    assert small["kernel"] == "sm80"
+    if major == 9 and "90a" in flashsci.build_info()["cuda_architectures"]:
+        assert plan["kernel"] == "sm90"
+        assert flashsci._flashsci._launch_plan(8, 40, 1024, 1024, 64, False)["kernel"] == "sm80"
+    else:
+        assert plan["kernel"] == "sm80"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout,strided", [("bhsd", False), ("bshd", True)])
+def test_hopper_kernel_shapes(layout, strided, causal, dtype):
+    """Enough heads to take the sm90 path on Hopper (D = 128): odd lengths, Sq != Sk, strides, scale, lse."""
+    check(4, 40, 333, 517, 128, causal=causal, dtype=dtype, layout=layout, strided=strided, scale=0.07, lse=True)
+    check(3, 45, 1000, 77, 128, causal=causal, dtype=dtype, layout=layout)

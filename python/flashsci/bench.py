@@ -131,7 +131,8 @@ def run_gpu(sets, dtype_name, out_dir, head_dim=None):
             except RuntimeError:
                 row[f"{name}_kernel_us"] = None
         plan = flashsci._flashsci._launch_plan(b, h, s, s, d, causal)
-        row.update(variant=plan["variant"], blocks=plan["blocks"], kv_splits=plan["kv_splits"], waves=plan["waves"])
+        row.update(kernel=plan["kernel"], variant=plan["variant"], blocks=plan["blocks"], kv_splits=plan["kv_splits"],
+                   waves=plan["waves"])
         row["flashsci_per_call_us"] = per_call_us(torch, fs, inputs[0])
         row["sdpa_per_call_us"] = per_call_us(torch, sdpa, inputs[0])
         row["flashsci_host_us"] = per_call_us(torch, fs, inputs[0], n=100, sync=False)
@@ -162,7 +163,7 @@ def _fmt(x, spec=".1f"):
 
 GPU_COLS = [("config", 22), ("causal", 6), ("fs us", 8), ("flash us", 8), ("cudnn us", 8), ("fs TF/s", 7),
             ("flash TF/s", 10), ("cudnn TF/s", 10), ("fs/flash", 8), ("fs/best", 7), ("fs call", 7),
-            ("sdpa call", 9), ("call ratio", 10), ("fs host", 7), ("blocks", 7), ("waves", 6), ("max diff", 8)]
+            ("sdpa call", 9), ("call ratio", 10), ("fs host", 7), ("kernel", 6), ("blocks", 7), ("waves", 6), ("max diff", 8)]
 
 
 def _gpu_cells(r):
@@ -171,7 +172,7 @@ def _gpu_cells(r):
             _fmt(r["flashsci_tflops"]), _fmt(r["flash_tflops"]), _fmt(r["cudnn_tflops"]),
             _fmt(r["ratio_kernel_vs_flash"], ".2f"), _fmt(r["ratio_kernel_vs_best"], ".2f"),
             _fmt(r["flashsci_per_call_us"]), _fmt(r["sdpa_per_call_us"]), _fmt(r["ratio_per_call_vs_sdpa"], ".2f"),
-            _fmt(r["flashsci_host_us"]), str(r["blocks"]), _fmt(r["waves"], ".2f"), _fmt(r["max_abs_diff_vs_sdpa"], ".1e")]
+            _fmt(r["flashsci_host_us"]), r["kernel"], str(r["blocks"]), _fmt(r["waves"], ".2f"), _fmt(r["max_abs_diff_vs_sdpa"], ".1e")]
 
 
 def _fmt_gpu_row(r):
