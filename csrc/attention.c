@@ -253,7 +253,7 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     const int64_t lshape[3] = {tq.shape[ib], tq.shape[ih], tq.shape[is]};
     const fs_dtype ldtype = tq.dtype == FS_F64 ? FS_F64 : FS_F32;
     if (a.out) {
-        if (fs_tensor_import(st, a.out, "out", stream, FS_ROUTE_AUTO, FS_FLOATS, &to) < 0 || fs_check_out(&to, t, oshape, 4) < 0) goto done;
+        if (fs_tensor_import(st, a.out, "out", stream, FS_ROUTE_AUTO, FS_FLOATS, &to) < 0 || fs_check_out(&to, t, fs_qkv_names, 3, oshape, 4, tq.dtype) < 0) goto done;
         out = Py_NewRef(a.out);
     } else {
         char *data;

@@ -11,6 +11,8 @@
 
 #include "../kernels/attention_cpu.h"
 
+const char *const fs_qkv_names[3] = {"q", "k", "v"};
+
 /* Write 'cpu' or 'cuda:N' into buf. */
 const char *fs_device_str(const fs_tensor *t, char *buf, size_t n)
 {
@@ -159,22 +161,27 @@ PyObject *fs_new_output(fs_state *st, const fs_tensor *q, int ndim, const int64_
 }
 
 
-/* out=: shape, dtype, device, writability, layout, alignment and no overlap with the inputs. */
-int fs_check_out(const fs_tensor *o, fs_tensor *const t[3], const int64_t *shape, int ndim)
+/* out=: shape, dtype, device, writability, layout, alignment and no overlap with the n inputs t (named by
+ * names; t[0] names the device and, for the dtype message, the input the result's dtype comes from). */
+int fs_check_out(const fs_tensor *o, fs_tensor *const *t, const char *const *names, int n, const int64_t *shape,
+                 int ndim, fs_dtype dtype)
 {
-    static const char *names[3] = {"q", "k", "v"};
     char b1[160], b2[160];
     if (o->ndim != ndim || memcmp(o->shape, shape, ndim * sizeof *shape)) {
         PyErr_Format(PyExc_ValueError, "out has shape %s but the result has shape %s", fs_shape_str(o->shape, o->ndim, b1, sizeof b1),
                      fs_shape_str(shape, ndim, b2, sizeof b2));
         return -1;
     }
-    if (o->dtype != t[0]->dtype) {
-        PyErr_Format(PyExc_TypeError, "out has dtype %s but q has %s", fs_dtype_name(o->dtype), fs_dtype_name(t[0]->dtype));
+    if (o->dtype != dtype) {
+        if (dtype == t[0]->dtype)
+            PyErr_Format(PyExc_TypeError, "out has dtype %s but %s has %s", fs_dtype_name(o->dtype), names[0], fs_dtype_name(dtype));
+        else
+            PyErr_Format(PyExc_TypeError, "out has dtype %s but out_dtype is %s", fs_dtype_name(o->dtype), fs_dtype_name(dtype));
         return -1;
     }
     if (o->is_cuda != t[0]->is_cuda || o->device != t[0]->device) {
-        PyErr_Format(PyExc_ValueError, "out is on %s but q is on %s", fs_device_str(o, b1, sizeof b1), fs_device_str(t[0], b2, sizeof b2));
+        PyErr_Format(PyExc_ValueError, "out is on %s but %s is on %s", fs_device_str(o, b1, sizeof b1), names[0],
+                     fs_device_str(t[0], b2, sizeof b2));
         return -1;
     }
     if (o->readonly) {
@@ -208,7 +215,7 @@ int fs_check_out(const fs_tensor *o, fs_tensor *const t[3], const int64_t *shape
     if (fs_check_alignment(o, "out", ndim - 1) < 0) return -1;
     uintptr_t olo, ohi;
     fs_byte_extent(o, &olo, &ohi);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < n; i++) {
         uintptr_t lo, hi;
         fs_byte_extent(t[i], &lo, &hi);
         if (lo < ohi && olo < hi) {
@@ -280,7 +287,7 @@ int fs_check_t5(const fs_tensor *x, const fs_tensor *q, const fs_t5_args *a, fs_
  * head dim and dtype the device's kernels support. */
 int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout)
 {
-    static const char *names[3] = {"q", "k", "v"};
+    const char *const *names = fs_qkv_names;
     char b1[160], b2[160];
     for (int i = 0; i < 3; i++) {
         if (t[i]->ndim != ndim) {

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "../kernels/attention.h"
+#include "../kernels/gemm.h"
 #include "dlpack.h"
 
 #define FS_MAX_NDIM 8
@@ -84,7 +85,9 @@ int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout);
 int fs_parse_scale(PyObject *obj, int *has_scale, double *scale);
 int fs_parse_rotary(PyObject *obj, int *on, float *base);
 int fs_check_rotary(int on, int64_t D);
-int fs_check_out(const fs_tensor *o, fs_tensor *const t[3], const int64_t *shape, int ndim);
+extern const char *const fs_qkv_names[3];
+int fs_check_out(const fs_tensor *o, fs_tensor *const *t, const char *const *names, int n, const int64_t *shape,
+                 int ndim, fs_dtype dtype);
 typedef struct { PyObject *table; int buckets, max_distance, bidirectional; } fs_t5_args;
 int fs_parse_t5(PyObject *t5, fs_t5_args *a);
 int fs_check_t5(const fs_tensor *x, const fs_tensor *q, const fs_t5_args *a, fs_attn_params *p);
@@ -94,6 +97,10 @@ int fs_check_t5(const fs_tensor *x, const fs_tensor *q, const fs_t5_args *a, fs_
  * CPU kernel with the GIL released. */
 int fs_run_attention(fs_state *st, const fs_attn_params *p, fs_tensor *const *arrays, int n, uintptr_t stream);
 PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+
+/* linear.c */
+PyObject *fs_linear(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fs_swiglu(PyObject *module, PyObject *args, PyObject *kwargs);
 
 /* gpu.c: the CUDA runtime, or stubs that raise in a build without CUDA. All return 0 or -1 with an
  * exception set, unless noted. */
@@ -109,5 +116,8 @@ void *fs_gpu_malloc_async(size_t bytes, uintptr_t stream, int device);
 void fs_gpu_free_async(void *ptr, uintptr_t stream, int device);
 int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream);
 PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device);   /* dict: tiles, grid, waves */
+int fs_gpu_gemm(const fs_gemm_params *p, int device, uintptr_t stream);
+PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int device);         /* dict: kernel, tiles, grid */
+extern int fs_gemm_force_sm80;                                           /* tests: skip the Hopper GEMM */
 
 #endif

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../kernels/attention_cuda.h"
+#include "../kernels/gemm_cuda.h"
 
 #define FS_MAX_DEVICES 64
 
@@ -162,6 +163,44 @@ PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device)
     return attention_launch(p, device, 0, &plan) < 0 ? NULL : plan;
 }
 
+int fs_gemm_force_sm80;
+
+/* Launch a GEMM on device, or with plan non-NULL describe the launch as a dict in *plan. Hopper devices take
+ * the sm_90a kernel when it was built (and tests have not forced the portable one). */
+static int gemm_launch(const fs_gemm_params *p, int device, uintptr_t stream, PyObject **plan)
+{
+    fs_gpu_props props;
+    if (fs_gpu_props_get(device, &props) < 0) return -1;
+    if (props.major < 8) {
+        PyErr_Format(PyExc_ValueError, "flashsci: CUDA linear needs compute capability 8.0 or newer; device %d (%s) is %d.%d",
+                     device, props.name, props.major, props.minor);
+        return -1;
+    }
+    int prev;
+    if (fs_gpu_device_enter(device, &prev) < 0) return -1;
+    fs_gemm_plan pl;
+    const int hopper = props.major == 9 && fs_gemm_sm90_built() && !fs_gemm_force_sm80;
+    cudaError_t err = hopper ? fs_gemm_sm90(p, device, props.sm_count, (cudaStream_t)stream, plan ? &pl : NULL)
+                             : fs_gemm_sm80(p, device, (cudaStream_t)stream, plan ? &pl : NULL);
+    fs_gpu_device_leave(prev, device);
+    if (err != cudaSuccess) return cuda_fail(err, plan ? "linear launch plan" : "linear kernel launch");
+    if (plan) {
+        *plan = Py_BuildValue("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:i}", "kernel", hopper ? "sm90" : "sm80", "BM", pl.bm,
+                              "BN", pl.bn, "BK", pl.bk, "stages", pl.stages, "threads", pl.threads, "smem", pl.smem,
+                              "tiles", pl.tiles, "grid", pl.grid, "sm_count", props.sm_count);
+        if (!*plan) return -1;
+    }
+    return 0;
+}
+
+int fs_gpu_gemm(const fs_gemm_params *p, int device, uintptr_t stream) { return gemm_launch(p, device, stream, NULL); }
+
+PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int device)
+{
+    PyObject *plan = NULL;
+    return gemm_launch(p, device, 0, &plan) < 0 ? NULL : plan;
+}
+
 #else /* no CUDA toolkit at build time */
 
 /* Raise the error every GPU entry point gives in a CPU-only build; returns -1. */
@@ -184,5 +223,8 @@ void *fs_gpu_malloc_async(size_t b, uintptr_t s, int d) { (void)b; (void)s; (voi
 void fs_gpu_free_async(void *ptr, uintptr_t s, int d) { (void)ptr; (void)s; (void)d; }
 int fs_gpu_attention(const fs_attn_params *p, int d, uintptr_t s) { (void)p; (void)d; (void)s; return no_cuda(); }
 PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int d) { (void)p; (void)d; no_cuda(); return NULL; }
+int fs_gemm_force_sm80;
+int fs_gpu_gemm(const fs_gemm_params *p, int d, uintptr_t s) { (void)p; (void)d; (void)s; return no_cuda(); }
+PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int d) { (void)p; (void)d; no_cuda(); return NULL; }
 
 #endif

@@ -83,6 +83,35 @@ static PyObject *launch_plan(PyObject *module, PyObject *args, PyObject *kwargs)
     return fs_gpu_attention_plan(&p, device);
 }
 
+/* _gemm_plan(M, N, K, swiglu=False, device=0): how the CUDA linear kernel would be launched (fp16). */
+static PyObject *gemm_plan(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"M", "N", "K", "swiglu", "device", NULL};
+    fs_gemm_params p;
+    int device = 0;
+    (void)module;
+    memset(&p, 0, sizeof p);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iii|pi:_gemm_plan", kwlist, &p.M, &p.N, &p.K, &p.swiglu, &device))
+        return NULL;
+    if (p.M < 1 || p.N < 8 || p.K < 8 || p.N % 8 || p.K % 8)
+        return PyErr_Format(PyExc_ValueError, "_gemm_plan: M >= 1, N and K positive multiples of 8");
+    p.dtype = p.out_dtype = FS_F16;
+    p.ldx = p.ldw = p.ldw2 = p.K;
+    p.ldy = p.N;
+    return fs_gpu_gemm_plan(&p, device);
+}
+
+/* _set_gemm_kernel('auto' | 'sm80'): tests run the portable GEMM on Hopper devices too. */
+static PyObject *set_gemm_kernel(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    if (!PyUnicode_Check(arg)) return PyErr_Format(PyExc_TypeError, "_set_gemm_kernel takes 'auto' or 'sm80'");
+    if (!PyUnicode_CompareWithASCIIString(arg, "sm80")) fs_gemm_force_sm80 = 1;
+    else if (!PyUnicode_CompareWithASCIIString(arg, "auto")) fs_gemm_force_sm80 = 0;
+    else return PyErr_Format(PyExc_ValueError, "_set_gemm_kernel takes 'auto' or 'sm80', got %R", arg);
+    Py_RETURN_NONE;
+}
+
 /* build_info(): how this extension was built. */
 static PyObject *build_info(PyObject *module, PyObject *unused)
 {
@@ -104,10 +133,18 @@ static PyMethodDef module_methods[] = {
     {"attention_varlen", (PyCFunction)(void (*)(void))fs_attention_varlen, METH_VARARGS | METH_KEYWORDS,
      "attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None, "
      "out=None, return_lse=False, stream=None, t5_bias=None, rotary=None)"},
+    {"linear", (PyCFunction)(void (*)(void))fs_linear, METH_VARARGS | METH_KEYWORDS,
+     "linear(x, weight, bias=None, *, activation=None, out=None, out_dtype=None, stream=None): "
+     "act(x @ weight.T + bias), activation in None, 'relu', 'gelu', 'gelu_tanh', 'silu'"},
+    {"swiglu", (PyCFunction)(void (*)(void))fs_swiglu, METH_VARARGS | METH_KEYWORDS,
+     "swiglu(x, w_gate, w_up=None, *, out=None, out_dtype=None, stream=None): silu(x @ w_gate.T) * (x @ w_up.T); "
+     "with w_up None, w_gate is packed (2N, K): gate rows then up rows"},
     {"cuda_device_count", cuda_device_count, METH_NOARGS, "Number of visible CUDA devices (0 without a driver)."},
     {"device_info", (PyCFunction)(void (*)(void))device_info, METH_FASTCALL, "Properties of a CUDA device."},
     {"build_info", build_info, METH_NOARGS, "How this extension was built."},
     {"_inspect", (PyCFunction)(void (*)(void))inspect_tensor, METH_FASTCALL, "What flashsci reads from an array object."},
+    {"_gemm_plan", (PyCFunction)(void (*)(void))gemm_plan, METH_VARARGS | METH_KEYWORDS, "How a CUDA linear problem is launched."},
+    {"_set_gemm_kernel", set_gemm_kernel, METH_O, "Force the portable GEMM kernel ('sm80') or restore dispatch ('auto')."},
     {"_launch_plan", (PyCFunction)(void (*)(void))launch_plan, METH_VARARGS | METH_KEYWORDS, "How a CUDA attention problem is launched."},
     {NULL, NULL, 0, NULL},
 };
@@ -191,7 +228,7 @@ static PyModuleDef_Slot module_slots[] = {
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     .m_name = "flashsci._flashsci",
-    .m_doc = "flashsci host module: attention on CPU and CUDA with zero-copy tensor interop.",
+    .m_doc = "flashsci host module: attention and fused linear layers on CPU and CUDA with zero-copy tensor interop.",
     .m_size = sizeof(fs_state),
     .m_methods = module_methods,
     .m_slots = module_slots,

@@ -126,7 +126,7 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
         goto done;
     if (out_arg != Py_None) {
         if (fs_tensor_import(st, out_arg, "out", stream, FS_ROUTE_AUTO, FS_FLOATS, &to) < 0 ||
-            fs_check_out(&to, t, tq.shape, 3) < 0)
+            fs_check_out(&to, t, fs_qkv_names, 3, tq.shape, 3, tq.dtype) < 0)
             goto done;
         out = Py_NewRef(out_arg);
     } else {

@@ -6,6 +6,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "dtype.h"
+
 #ifdef __CUDACC__
 #define FS_HD __host__ __device__
 #else
@@ -15,9 +17,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum { FS_F16 = 0, FS_BF16 = 1, FS_F32 = 2, FS_F64 = 3, FS_BOOL = 4, FS_I32 = 5, FS_I64 = 6, FS_NUM_DTYPES } fs_dtype;
-#define FS_FLOATS ((1u << FS_F16) | (1u << FS_BF16) | (1u << FS_F32) | (1u << FS_F64))
 
 /* One attention problem, O = softmax(scale * Q K^T [+ causal mask]) V, in (batch, head, seq, dim) terms.
  * Strides are in elements; the head dimension is contiguous (stride 1) in every tensor.

@@ -10,12 +10,10 @@
  *       (a vectorisable polynomial exp was tried: no gain, libm expf is ~5% of the time)
  */
 #include "attention_cpu.h"
+#include "cpu_pool.h"
 #include "half.h"
 
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
-#include <stdlib.h>
 
 #define FS_CPU_BR 32 /* query rows per block                          */
 #define FS_CPU_BC 64 /* key rows per block                            */
@@ -69,20 +67,6 @@ static void store_row_f(const float *src, fs_dtype dt, void *dst, int n)
     }
 }
 
-/* Load n float64 elements (the only dtype the double instantiation sees). */
-static void load_row_d(const void *src, fs_dtype dt, double *dst, int n)
-{
-    (void)dt;
-    for (int i = 0; i < n; i++) dst[i] = ((const double *)src)[i];
-}
-
-/* Store n doubles as float64. */
-static void store_row_d(const double *src, fs_dtype dt, void *dst, int n)
-{
-    (void)dt;
-    for (int i = 0; i < n; i++) ((double *)dst)[i] = src[i];
-}
-
 #define REAL float
 #define BLOCK_FN attention_block_f
 #define ROTATE_FN rotate_f
@@ -102,66 +86,27 @@ static void store_row_d(const double *src, fs_dtype dt, void *dst, int n)
 #define REAL double
 #define BLOCK_FN attention_block_d
 #define ROTATE_FN rotate_d
-#define LOAD_ROW load_row_d
-#define STORE_ROW store_row_d
+#define LOAD_ROW fs_load_row_d
+#define STORE_ROW fs_store_row_d
 #define EXP exp
 #define LOG log
 #include "attention_cpu_block.h"
 
-typedef struct {
-    const fs_attn_params *p;
-    atomic_llong next;   /* next task: (b * H + h) * q_blocks + qb */
-    int64_t num_tasks, q_blocks;
-    atomic_int failed;
-} fs_cpu_job;
-
-/* Worker: take tasks off the shared counter until none are left. */
-static void *attention_worker(void *arg)
+/* One task: query block (b * H + h) * q_blocks + qb. */
+static void attention_task(void *ctx, int64_t t, void *scratch)
 {
-    fs_cpu_job *job = (fs_cpu_job *)arg;
-    const fs_attn_params *p = job->p;
-    const int wide = p->dtype == FS_F64;
-    const size_t real = wide ? sizeof(double) : sizeof(float);
-    const size_t n = (size_t)2 * FS_CPU_BR * p->D + (size_t)2 * FS_CPU_BC * p->D + (size_t)FS_CPU_BR * FS_CPU_BC;
-    void *scratch = malloc(n * real);
-    if (!scratch) {
-        atomic_store(&job->failed, 1);
-        return NULL;
-    }
-    for (;;) {
-        const int64_t t = atomic_fetch_add(&job->next, 1);
-        if (t >= job->num_tasks) break;
-        const int64_t bh = t / job->q_blocks, i0 = (t % job->q_blocks) * FS_CPU_BR;
-        if (wide) attention_block_d(p, bh / p->H, bh % p->H, i0, (double *)scratch);
-        else attention_block_f(p, bh / p->H, bh % p->H, i0, (float *)scratch);
-    }
-    free(scratch);
-    return NULL;
+    const fs_attn_params *p = (const fs_attn_params *)ctx;
+    const int64_t q_blocks = (p->Sq + FS_CPU_BR - 1) / FS_CPU_BR;
+    const int64_t bh = t / q_blocks, i0 = (t % q_blocks) * FS_CPU_BR;
+    if (p->dtype == FS_F64) attention_block_d(p, bh / p->H, bh % p->H, i0, (double *)scratch);
+    else attention_block_f(p, bh / p->H, bh % p->H, i0, (float *)scratch);
 }
 
 int fs_attention_cpu(const fs_attn_params *p, int num_threads)
 {
-    fs_cpu_job job;
-    job.p = p;
-    job.q_blocks = (p->Sq + FS_CPU_BR - 1) / FS_CPU_BR;
-    job.num_tasks = (int64_t)p->B * p->H * job.q_blocks;
-    atomic_init(&job.next, 0);
-    atomic_init(&job.failed, 0);
-
-    /* a thread costs tens of microseconds to start: give each at least ~4 MFLOP of work */
+    const size_t real = p->dtype == FS_F64 ? sizeof(double) : sizeof(float);
+    const size_t n = (size_t)2 * FS_CPU_BR * p->D + (size_t)2 * FS_CPU_BC * p->D + (size_t)FS_CPU_BR * FS_CPU_BC;
+    const int64_t tasks = (int64_t)p->B * p->H * ((p->Sq + FS_CPU_BR - 1) / FS_CPU_BR);
     const double flops = 4.0 * p->B * p->H * (double)p->Sq * p->Sk * p->D;
-    int64_t want = (int64_t)(flops / 4e6);
-    if (want > num_threads) want = num_threads;
-    if (want > job.num_tasks) want = job.num_tasks;
-    if (want < 1) want = 1;
-
-    pthread_t threads[256];
-    int started = 0;
-    for (int64_t i = 1; i < want && i < 256; i++) {
-        if (pthread_create(&threads[started], NULL, attention_worker, &job) != 0) break;
-        started++;
-    }
-    attention_worker(&job); /* the calling thread works too */
-    for (int i = 0; i < started; i++) pthread_join(threads[i], NULL);
-    return atomic_load(&job.failed) ? -1 : 0;
+    return fs_cpu_parallel(tasks, fs_cpu_threads_for(flops, num_threads), n * real, attention_task, (void *)p);
 }

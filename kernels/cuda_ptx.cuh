@@ -1,9 +1,11 @@
-/* PTX wrappers and small device helpers shared by the CUDA kernel families (attention_sm80.cu,
- * attention_sm90.cu): async copies, fp16/bf16 packing, the exp2 unit. */
+/* PTX wrappers and small helpers shared by the CUDA kernel families (attention_sm80/90.cu, gemm_sm80/90.cu):
+ * async copies, ldmatrix, mma.sync, the swizzled tile layout, fp16/bf16 packing, the exp2 unit, and the
+ * host-side shared-memory opt-in. */
 #ifndef FLASHSCI_CUDA_PTX_CUH
 #define FLASHSCI_CUDA_PTX_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -46,5 +48,51 @@ FS_DEV float exp2_approx(float x)
 template <typename T> FS_DEV_T float2 unpack2(uint32_t w);
 template <> FS_DEV_T float2 unpack2<__half>(uint32_t w) { return __half22float2(*reinterpret_cast<__half2 *>(&w)); }
 template <> FS_DEV_T float2 unpack2<__nv_bfloat16>(uint32_t w) { return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&w)); }
+
+/* Four 8x8 b16 matrices from shared memory, lane l giving the row address of matrix l / 8 (trans: transposed). */
+FS_DEV void ldmatrix_x4(uint32_t addr, uint32_t r[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+FS_DEV void ldmatrix_x4_trans(uint32_t addr, uint32_t r[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+/* C += A B for one m16n8k16 tile (A row-major 16x16, B column-major 16x8, C fp32). */
+template <typename T> FS_DEV_T void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
+template <> FS_DEV_T void mma16816<__half>(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> FS_DEV_T void mma16816<__nv_bfloat16>(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Element offset of (row, col) in a swizzled tile: 16-byte chunk index XOR (row mod 8), so the eight
+ * rows one ldmatrix reads hit eight different bank groups. */
+template <int PITCH> FS_DEV int swz(int row, int col)
+{
+    return row * PITCH + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
+}
+
+/* Raise a kernel's dynamic shared-memory limit once per device (to smem, or the device's most). */
+static inline cudaError_t prepare_kernel(const void *fn, int smem, int device, unsigned long long *done_mask)
+{
+    if (device < 64 && (*done_mask >> device) & 1ULL) return cudaSuccess;
+    int optin = 0;
+    cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != cudaSuccess) return err;
+    err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem < optin ? smem : optin);
+    if (err == cudaSuccess && device < 64) *done_mask |= 1ULL << device;
+    return err;
+}
 
 #endif

@@ -1,9 +1,12 @@
-/* IEEE binary16 and bfloat16 <-> float conversions for the C CPU kernels (round to nearest even). */
+/* IEEE binary16 and bfloat16 <-> float conversions for the C CPU kernels (round to nearest even), and rows
+ * of any float dtype to and from double. */
 #ifndef FLASHSCI_HALF_H
 #define FLASHSCI_HALF_H
 
 #include <stdint.h>
 #include <string.h>
+
+#include "dtype.h"
 
 /* Widen an IEEE half to float (exact). */
 static inline float fs_half_to_float(uint16_t h)
@@ -65,6 +68,30 @@ static inline uint16_t fs_float_to_bf16(float f)
     if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
     x += 0x7fffu + ((x >> 16) & 1u);
     return (uint16_t)(x >> 16);
+}
+
+/* Load n elements of float dtype dt, widened to double. */
+static inline void fs_load_row_d(const void *src, fs_dtype dt, double *dst, int n)
+{
+    const uint16_t *h = (const uint16_t *)src;
+    switch (dt) {
+    case FS_F16: for (int i = 0; i < n; i++) dst[i] = fs_half_to_float(h[i]); break;
+    case FS_BF16: for (int i = 0; i < n; i++) dst[i] = fs_bf16_to_float(h[i]); break;
+    case FS_F32: for (int i = 0; i < n; i++) dst[i] = ((const float *)src)[i]; break;
+    default: for (int i = 0; i < n; i++) dst[i] = ((const double *)src)[i]; break;
+    }
+}
+
+/* Store n doubles as float dtype dt (16-bit types round through float). */
+static inline void fs_store_row_d(const double *src, fs_dtype dt, void *dst, int n)
+{
+    uint16_t *h = (uint16_t *)dst;
+    switch (dt) {
+    case FS_F16: for (int i = 0; i < n; i++) h[i] = fs_float_to_half((float)src[i]); break;
+    case FS_BF16: for (int i = 0; i < n; i++) h[i] = fs_float_to_bf16((float)src[i]); break;
+    case FS_F32: for (int i = 0; i < n; i++) ((float *)dst)[i] = (float)src[i]; break;
+    default: for (int i = 0; i < n; i++) ((double *)dst)[i] = src[i]; break;
+    }
 }
 
 #endif

@@ -2,10 +2,13 @@
 
     import flashsci
     o = flashsci.attention(q, k, v)          # torch, CuPy, JAX, NumPy: zero-copy
+    y = flashsci.linear(x, w, b, activation="gelu")   # act(x @ w.T + b) in one kernel
 
 See README.md for the full API.
 """
-from ._flashsci import Array, attention, attention_varlen, build_info, cuda_device_count, device_info, CUDA_BUILT
+from ._flashsci import (Array, attention, attention_varlen, build_info, cuda_device_count, device_info, linear, swiglu,
+                        CUDA_BUILT)
 
-__all__ = ["Array", "attention", "attention_varlen", "build_info", "cuda_device_count", "device_info", "CUDA_BUILT"]
+__all__ = ["Array", "attention", "attention_varlen", "build_info", "cuda_device_count", "device_info", "linear", "swiglu",
+           "CUDA_BUILT"]
 __version__ = "0.1.0"

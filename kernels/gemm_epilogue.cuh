@@ -1,0 +1,78 @@
+/* What every CUDA GEMM kernel does around its main loop (gemm_sm80.cu, gemm_sm90.cu): the order output
+ * tiles are visited in, and the epilogue that turns fp32 accumulators into y = act(acc + bias) (or
+ * silu(gate) * up) in the output dtype with a single store. */
+#ifndef FLASHSCI_GEMM_EPILOGUE_CUH
+#define FLASHSCI_GEMM_EPILOGUE_CUH
+
+#include <math.h>
+
+#include "cuda_ptx.cuh"
+#include "gemm.h"
+
+#define FS_GEMM_GROUP 8 /* output tiles are visited in column sweeps over groups of this many row tiles */
+
+/* Output tile t of tiles_m x tiles_n in grouped order: consecutive tiles share W columns and x rows in L2. */
+FS_DEV void gemm_tile_coords(int t, int tiles_m, int tiles_n, int *tm, int *tn)
+{
+    const int per_group = FS_GEMM_GROUP * tiles_n, first = t / per_group * FS_GEMM_GROUP;
+    const int rows = min(tiles_m - first, FS_GEMM_GROUP), r = t % per_group;
+    *tm = first + r % rows;
+    *tn = r / rows;
+}
+
+/* The activation in fp32, as torch defines it (gelu: erf form; gelu_tanh: the tanh approximation). */
+template <fs_activation ACT> FS_DEV float gemm_activate(float v)
+{
+    switch (ACT) {
+    case FS_ACT_RELU: return fmaxf(v, 0.f);
+    case FS_ACT_GELU: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    case FS_ACT_GELU_TANH: return 0.5f * v * (1.f + tanhf(0.79788456080286536f * fmaf(0.044715f * v, v * v, v)));
+    case FS_ACT_SILU: return v / (1.f + __expf(-v));
+    default: return v;
+    }
+}
+
+/* The accumulator's start value for output column col: bias[col] widened to float (fp16, bf16 or fp32), or 0
+ * without a bias or past N. Kernels start from it, so the epilogue loads nothing. */
+FS_DEV float gemm_acc_init(const fs_gemm_params &p, int col)
+{
+    if (!p.bias || col >= p.N) return 0.f;
+    if (p.bias_dtype == FS_F32) return static_cast<const float *>(p.bias)[col];
+    const uint16_t b = static_cast<const uint16_t *>(p.bias)[col];
+    return p.bias_dtype == FS_F16 ? __half2float(__ushort_as_half(b)) : __bfloat162float(__ushort_as_bfloat16(b));
+}
+
+/* Finish output elements (row, col) and (row, col + 1) from accumulators v0, v1 (bias included; with SwiGLU:
+ * gate values, u0, u1 the up values) and store them; col is even and N is a multiple of 8, so both exist when col < N. */
+template <bool SWIGLU, fs_activation ACT>
+FS_DEV void gemm_store_pair(const fs_gemm_params &p, int row, int col, float v0, float v1, float u0, float u1)
+{
+    if (row >= p.M || col >= p.N) return;
+    if (SWIGLU) {
+        v0 = gemm_activate<FS_ACT_SILU>(v0) * u0;
+        v1 = gemm_activate<FS_ACT_SILU>(v1) * u1;
+    } else {
+        v0 = gemm_activate<ACT>(v0);
+        v1 = gemm_activate<ACT>(v1);
+    }
+    const int64_t i = (int64_t)row * p.ldy + col;
+    if (p.out_dtype == FS_F32) *reinterpret_cast<float2 *>(static_cast<float *>(p.y) + i) = make_float2(v0, v1);
+    else if (p.out_dtype == FS_F16) *reinterpret_cast<uint32_t *>(static_cast<__half *>(p.y) + i) = pack2<__half>(v0, v1);
+    else *reinterpret_cast<uint32_t *>(static_cast<__nv_bfloat16 *>(p.y) + i) = pack2<__nv_bfloat16>(v0, v1);
+}
+
+/* Run EPI::template run<ACT>(args...) for the runtime activation: each activation gets its own fully
+ * unrolled epilogue loop (one loop with a switch inside does not unroll, and the accumulators it indexes
+ * go to local memory). */
+template <typename EPI, typename... Args> FS_DEV void gemm_epilogue_dispatch(fs_activation act, Args &&...args)
+{
+    switch (act) {
+    case FS_ACT_RELU: EPI::template run<FS_ACT_RELU>(args...); break;
+    case FS_ACT_GELU: EPI::template run<FS_ACT_GELU>(args...); break;
+    case FS_ACT_GELU_TANH: EPI::template run<FS_ACT_GELU_TANH>(args...); break;
+    case FS_ACT_SILU: EPI::template run<FS_ACT_SILU>(args...); break;
+    default: EPI::template run<FS_ACT_NONE>(args...); break;
+    }
+}
+
+#endif

@@ -1,0 +1,261 @@
+/* GEMM with bias / activation / SwiGLU epilogues for Hopper (sm_90a): TMA loads into a shared-memory ring
+ * completed on mbarriers, one producer warpgroup and two consumer warpgroups (setmaxnreg), wgmma with both
+ * operands in shared memory, a persistent grid walking output tiles in grouped order.
+ * y = act(x W^T + bias) or silu(x Wg^T) * (x Wu^T), fp16/bf16 in, fp32 accumulation.
+ *
+ * Build: part of the extension when the architecture list holds 90a (CMakeLists.txt); alone:
+ *   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -c kernels/gemm_sm90.cu
+ * Run:   bash benchmarks/gpu_check.sh
+ *
+ * A block owns one BM x BN output tile at a time (BM = 128: 64 rows per consumer warpgroup, the M of one
+ * wgmma). Per K step of BK = 64 columns (one 128-byte swizzled row per tile row, as TMA writes it):
+ *   producer   wait empty[s]; expect (BM + BN) BK 2 bytes on full[s]; TMA X[m0.., k0..] and W[n0.., k0..]
+ *   consumers  wait full[s]; 4 x wgmma m64 n(BN) k16; commit; wait until the previous step's group is done
+ *              and release its stage on empty[s - 1]
+ * TMA zero-fills rows past M and N and columns past K, so tails cost nothing in the main loop; the
+ * epilogue (gemm_epilogue.cuh) masks the stores. SwiGLU: the W tile is BN/2 rows of Wg then the same rows
+ * of Wu (two TMA boxes), so accumulator i (gate) and i + BN/4 (up) sit in the same thread.
+ *
+ * History (H200 fp16, TF/s; torch/cuBLAS 620-686 on the issue's shapes):
+ *   v1  128 x 256 x 64 (128 x 128 when that fills more SMs), 4 / 6 stages, persistent, direct stores
+ */
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "gemm_cuda.h"
+#include "gemm_epilogue.cuh"
+#include "wgmma.cuh"
+
+/* ---- tile configuration, one place ---- */
+#define BM 128
+#define BK 64
+#define THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
+template <int BN> struct fs_gemm90_tile;
+template <> struct fs_gemm90_tile<256> { enum { STAGES = 4 }; };
+template <> struct fs_gemm90_tile<128> { enum { STAGES = 6 }; };
+template <int BN> constexpr int gemm90_smem() { return fs_gemm90_tile<BN>::STAGES * ((BM + BN) * BK * 2 + 16) + 1024; }
+
+typedef struct {
+    fs_gemm_params p;
+    int tiles_m, tiles_n, tiles;
+} fs_gemm90_args;
+
+#ifdef FS_WGMMA
+/* ---- mbarrier and TMA PTX ---- */
+FS_DEV void mbar_init(uint64_t *bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+}
+/* Arrive once and add tx bytes the phase must also see land. */
+FS_DEV void mbar_expect_tx(uint64_t *bar, uint32_t tx)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(tx) : "memory");
+}
+FS_DEV void mbar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+/* Wait until the phase of the given parity has completed. */
+FS_DEV void mbar_wait(uint64_t *bar, int parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+    } while (!done);
+}
+/* TMA: the box at (col, row) of a 2-D tensor map into shared memory, completing on bar. */
+FS_DEV void tma_load_2d(void *dst, const CUtensorMap *map, int col, int row, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(smem_addr(dst)), "l"(map), "r"(col), "r"(row), "r"(smem_addr(bar)) : "memory");
+}
+#endif
+
+/* Store a consumer warpgroup's 64 x BN accumulators (NA per thread) from row0 / col0 of this thread. */
+template <int NA, bool SWIGLU> struct epilogue90 {
+    template <fs_activation ACT> FS_DEV void run(const fs_gemm_params &p, const float (&acc)[NA], int row0, int col0)
+    {
+        constexpr int PAIRS = SWIGLU ? NA / 4 : NA / 2; /* output column pairs per thread */
+#pragma unroll
+        for (int q = 0; q < PAIRS; q++) {
+            const int i = 2 * q, j = i / 4, h = (i / 2) % 2;
+            gemm_store_pair<SWIGLU, ACT>(p, row0 + 8 * h, col0 + 8 * j, acc[i], acc[i + 1], SWIGLU ? acc[i + NA / 2] : 0.f,
+                                         SWIGLU ? acc[i + NA / 2 + 1] : 0.f);
+        }
+    }
+};
+
+template <int BN, typename T, bool SWIGLU>
+__global__ void __launch_bounds__(THREADS, 1)
+gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
+          const __grid_constant__ CUtensorMap map_w2, const fs_gemm90_args a)
+{
+#ifdef FS_WGMMA
+    constexpr int STAGES = fs_gemm90_tile<BN>::STAGES, OUT_BN = SWIGLU ? BN / 2 : BN, NA = BN / 2;
+    extern __shared__ unsigned char smem_raw[];
+    /* TMA's 128-byte swizzle and the wgmma descriptors address 1024-byte atoms: align the base */
+    T *sA = reinterpret_cast<T *>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+    T *sB = sA + STAGES * BM * BK;
+    uint64_t *full = reinterpret_cast<uint64_t *>(sB + STAGES * BN * BK), *empty = full + STAGES;
+    const fs_gemm_params &p = a.p;
+    const int wg = threadIdx.x >> 7, nk = (p.K + BK - 1) / BK;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 8); /* lane 0 of each consumer warp */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) { /* producer: one thread issues every TMA load */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (threadIdx.x == 0) {
+            int s = 0, phase = 0;
+            for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
+                int tm, tn;
+                gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
+                for (int kt = 0; kt < nk; kt++) {
+                    mbar_wait(&empty[s], phase ^ 1);
+                    mbar_expect_tx(&full[s], (BM + BN) * BK * 2);
+                    tma_load_2d(sA + s * BM * BK, &map_x, kt * BK, tm * BM, &full[s]);
+                    if (SWIGLU) {
+                        tma_load_2d(sB + s * BN * BK, &map_w, kt * BK, tn * OUT_BN, &full[s]);
+                        tma_load_2d(sB + s * BN * BK + BN / 2 * BK, &map_w2, kt * BK, tn * OUT_BN, &full[s]);
+                    } else {
+                        tma_load_2d(sB + s * BN * BK, &map_w, kt * BK, tn * BN, &full[s]);
+                    }
+                    if (++s == STAGES) { s = 0; phase ^= 1; }
+                }
+            }
+        }
+        return;
+    }
+
+    /* consumers */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    int s = 0, phase = 0;
+    for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
+        int tm, tn;
+        gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
+        const int row0 = tm * BM + cw * 64 + warp * 16 + g, col0 = tn * OUT_BN + 2 * t4;
+        /* accumulator i sits at row row0 + 8 ((i / 2) % 2), column col0 + 8 (i / 4) + i % 2 */
+        float acc[NA];
+#pragma unroll
+        for (int i = 0; i < NA; i++) acc[i] = SWIGLU ? 0.f : gemm_acc_init(p, col0 + 8 * (i / 4) + i % 2);
+        int prev = -1;
+        for (int kt = 0; kt < nk; kt++) {
+            mbar_wait(&full[s], phase);
+            const uint32_t a_addr = smem_addr(sA + s * BM * BK) + cw * 64 * 128, b_addr = smem_addr(sB + s * BN * BK);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++)
+                wgmma_ss<BN, T>(acc, desc_sw128(a_addr + 32 * kk, 16, 1024), desc_sw128(b_addr + 32 * kk, 16, 1024), 1);
+            wgmma_commit();
+            wgmma_wait<1>(); /* the previous step's group is done: its stage may be refilled */
+            if (prev >= 0 && lane == 0) mbar_arrive(&empty[prev]);
+            prev = s;
+            if (++s == STAGES) { s = 0; phase ^= 1; }
+        }
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(&empty[prev]);
+
+        if (SWIGLU) epilogue90<NA, true>::template run<FS_ACT_SILU>(p, acc, row0, col0);
+        else gemm_epilogue_dispatch<epilogue90<NA, false>>(p.act, p, acc, row0, col0);
+    }
+#endif
+}
+
+/* ---- host: tensor maps and launch ---- */
+
+typedef CUresult (*fs_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                       const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                       CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda). */
+static fs_encode_tiled_fn encode_tiled(void)
+{
+    static fs_encode_tiled_fn fn;
+    if (!fn) {
+        void *ptr = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (fs_encode_tiled_fn)ptr;
+    }
+    return fn;
+}
+
+/* A 2-D tensor map over rows x K elements (row stride ld) read in boxes of box_rows x BK, 128-byte swizzle. */
+static cudaError_t make_map(CUtensorMap *map, const void *base, fs_dtype dt, int rows, int K, int64_t ld, int box_rows)
+{
+    fs_encode_tiled_fn encode = encode_tiled();
+    if (!encode) return cudaErrorNotSupported;
+    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
+    const cuuint32_t box[2] = {BK, (cuuint32_t)box_rows}, estrides[2] = {1, 1};
+    CUresult r = encode(map, dt == FS_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                        const_cast<void *>(base), dims, strides, box, estrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <int BN, typename T, bool SWIGLU>
+static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan)
+{
+    constexpr int SMEM = gemm90_smem<BN>(), OUT_BN = SWIGLU ? BN / 2 : BN;
+    static unsigned long long prepared;
+    const void *kernel = (const void *)gemm_sm90<BN, T, SWIGLU>;
+    fs_gemm90_args a;
+    a.p = *p;
+    a.tiles_m = (p->M + BM - 1) / BM;
+    a.tiles_n = (p->N + OUT_BN - 1) / OUT_BN;
+    const long long tiles = (long long)a.tiles_m * a.tiles_n;
+    if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    a.tiles = (int)tiles;
+    const int grid = tiles < sm_count ? (int)tiles : sm_count;
+    if (plan) {
+        *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN>::STAGES, THREADS, SMEM, grid, tiles};
+        return cudaSuccess;
+    }
+    CUtensorMap mx, mw, mw2;
+    cudaError_t err = make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM);
+    if (err == cudaSuccess) err = make_map(&mw, p->w, p->dtype, p->N, p->K, p->ldw, SWIGLU ? BN / 2 : BN);
+    if (err == cudaSuccess) err = SWIGLU ? make_map(&mw2, p->w2, p->dtype, p->N, p->K, p->ldw2, BN / 2) : (mw2 = mw, cudaSuccess);
+    if (err == cudaSuccess) err = prepare_kernel(kernel, SMEM, device, &prepared);
+    if (err != cudaSuccess) return err;
+    void *args[] = {&mx, &mw, &mw2, &a};
+    err = cudaLaunchKernel(kernel, dim3(grid), dim3(THREADS), args, SMEM, stream);
+    return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+/* 128 x 256 tiles unless they leave SMs idle that 128 x 128 tiles would fill. */
+template <typename T, bool SWIGLU>
+static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan)
+{
+    const int out_bn = SWIGLU ? 128 : 256;
+    const long long big = (long long)((p->M + BM - 1) / BM) * ((p->N + out_bn - 1) / out_bn);
+    return big >= sm_count ? launch<256, T, SWIGLU>(p, device, sm_count, stream, plan)
+                           : launch<128, T, SWIGLU>(p, device, sm_count, stream, plan);
+}
+
+extern "C" int fs_gemm_sm90_built(void)
+{
+#ifdef FLASHSCI_SM90A
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+extern "C" cudaError_t fs_gemm_sm90(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan)
+{
+    if (p->dtype == FS_F16)
+        return p->swiglu ? launch_tiles<__half, true>(p, device, sm_count, stream, plan)
+                         : launch_tiles<__half, false>(p, device, sm_count, stream, plan);
+    return p->swiglu ? launch_tiles<__nv_bfloat16, true>(p, device, sm_count, stream, plan)
+                     : launch_tiles<__nv_bfloat16, false>(p, device, sm_count, stream, plan);
+}
