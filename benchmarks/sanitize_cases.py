@@ -1,17 +1,22 @@
 """A representative set of attention launches for compute-sanitizer (memcheck, racecheck):
 every head dim, both dtypes, tails, causal, bshd strides, the split-KV + combine path, lse; then the
-protein options (padding mask with tile skipping, seqlens, bias, T5, rotary, varlen incl. empty sequences)."""
+protein options (padding mask with tile skipping, seqlens, bias, T5, rotary, varlen incl. empty sequences);
+then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every epilogue).
+SANITIZE_ONLY=linear runs the GEMM cases alone."""
+import os
+
 import torch
 
 import flashsci
 
+ONLY = os.environ.get("SANITIZE_ONLY", "")
 CASES = [  # (B, H, Sq, Sk, D, causal, layout)
     (1, 2, 77, 130, 32, False, "bhsd"), (2, 1, 64, 64, 64, True, "bhsd"), (1, 3, 100, 37, 96, True, "bshd"),
     (1, 2, 129, 200, 128, False, "bshd"), (1, 1, 50, 70, 256, True, "bhsd"),
     (1, 1, 40, 900, 64, False, "bhsd"), (1, 1, 33, 700, 128, True, "bhsd"),   # split-KV + combine
     (2, 66, 130, 200, 128, True, "bhsd"), (2, 66, 200, 130, 128, False, "bshd"),  # sm90 (wgmma) on Hopper
 ]
-for dtype in (torch.float16, torch.bfloat16):
+for dtype in (torch.float16, torch.bfloat16) if ONLY != "linear" else ():
     for b, h, sq, sk, d, causal, layout in CASES:
         shape = lambda s: (b, h, s, d) if layout == "bhsd" else (b, s, h, d)
         q = torch.randn(shape(sq), device="cuda", dtype=dtype)
@@ -21,6 +26,20 @@ for dtype in (torch.float16, torch.bfloat16):
         assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 
 dev, f16 = "cuda", torch.float16
+for kernel in ("auto", "sm80"):  # linear / swiglu: M, N, K tails, strided x rows, every epilogue, small-M tiles
+    flashsci._flashsci._set_gemm_kernel(kernel)
+    for m, k_, n, kw in [(300, 200, 264, dict(activation="gelu")), (129, 64, 72, dict(activation="silu")),
+                         (1, 8, 8, dict()), (700, 520, 392, dict(activation="relu", out_dtype=torch.float32))]:
+        x = torch.randn(m, k_ + 8, device=dev, dtype=torch.bfloat16)[:, :k_]
+        w = torch.randn(n, k_, device=dev, dtype=torch.bfloat16)
+        flashsci.linear(x, w, torch.randn(n, device=dev), **kw)
+        flashsci.swiglu(x, torch.randn(2 * n, k_, device=dev, dtype=torch.bfloat16))
+    flashsci.linear(torch.randn(2048, 256, device=dev, dtype=f16), torch.randn(2304, 256, device=dev, dtype=f16))  # 128x256 tiles
+    torch.cuda.synchronize()
+flashsci._flashsci._set_gemm_kernel("auto")
+if ONLY == "linear":
+    print("sanitize cases done (linear only)")
+    raise SystemExit(0)
 q, k, v = (torch.randn(3, 2, 300, 64, device=dev, dtype=f16) for _ in range(3))
 kpm = torch.rand(3, 300, device=dev) < 0.6
 kpm[1, 70:] = False

@@ -1,9 +1,10 @@
-"""Benchmark flashsci.attention.
+"""Benchmark flashsci.attention (and flashsci.linear: --sets linear).
 
     python -m flashsci.bench                      # GPU + torch: seed, protein and sweep configs vs torch SDPA
                                                   # CPU-only machine: the C CPU path on its default configs
     python -m flashsci.bench --sets seed --out benchmarks/results
     python -m flashsci.bench --sets features        # protein options vs torch on real UniProt lengths
+    python -m flashsci.bench --sets linear          # fused linear / SwiGLU vs torch GEMMs (bench_linear.py)
 
 On the GPU every config is timed in one run for flashsci and torch SDPA (default, and each backend: flash,
 cudnn, efficient): kernel time by CUDA-graph replay over input sets that together exceed the L2, per-call
@@ -276,7 +277,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m flashsci.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", default="seed,protein,sweep",
-                    help="GPU config sets: seed, protein, sweep; features (protein options, bench_features.py)")
+                    help="GPU config sets: seed, protein, sweep; features (protein options, bench_features.py); "
+                         "linear (GEMMs, bench_linear.py)")
     ap.add_argument("--fasta", default=None, help="uniprot20k.fasta.gz for the features set's length mix")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     ap.add_argument("--head-dim", type=int, default=None, help="only configs with this head dim")
@@ -285,8 +287,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     sets = set(args.sets.split(","))
     if _gpu_ready() and not args.cpu:
-        if sets - {"features"}:
+        if sets - {"features", "linear"}:
             run_gpu(sets, args.dtype, args.out, args.head_dim)
+        if "linear" in sets:
+            from flashsci.bench_linear import run_linear
+            run_linear(args.dtype, args.out)
         if "features" in sets:
             from flashsci.bench_features import run_features
             run_features(args.dtype, args.out, args.fasta)
