@@ -32,14 +32,16 @@
 #define BM 128
 #define BK 64
 #define THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
+#define CLUSTER 2   /* CTAs per cluster, on neighbouring row tiles: each loads half the W tile for both */
 template <int BN> struct fs_gemm90_tile;
 template <> struct fs_gemm90_tile<256> { enum { STAGES = 4 }; };
 template <> struct fs_gemm90_tile<128> { enum { STAGES = 6 }; };
-template <int BN> constexpr int gemm90_smem() { return fs_gemm90_tile<BN>::STAGES * ((BM + BN) * BK * 2 + 16) + 1024; }
+/* ring stages (X and W tiles, full and empty barriers), per-warpgroup double-buffered bias, alignment slack */
+template <int BN> constexpr int gemm90_smem() { return fs_gemm90_tile<BN>::STAGES * ((BM + BN) * BK * 2 + 16) + 2 * 2 * BN * 4 + 1024; }
 
 typedef struct {
     fs_gemm_params p;
-    int tiles_m, tiles_n, tiles;
+    int pairs_m, tiles_n, tiles; /* tiles: cluster tiles, pairs_m x tiles_n (a pair = CLUSTER row tiles) */
 } fs_gemm90_args;
 
 #ifdef FS_WGMMA
@@ -57,14 +59,35 @@ FS_DEV void mbar_arrive(uint64_t *bar)
 {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
-/* Wait until the phase of the given parity has completed. */
-FS_DEV void mbar_wait(uint64_t *bar, int parity)
+/* Arrive once on the barrier at the same shared-memory offset in cluster CTA `cta` (release at cluster scope). */
+FS_DEV void mbar_arrive_cluster(uint64_t *bar, uint32_t cta)
+{
+    asm volatile("{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}\n" ::"r"(smem_addr(bar)), "r"(cta) : "memory");
+}
+/* Wait until the phase of the given parity has completed (WIDE: acquire at cluster scope what other CTAs released). */
+template <bool WIDE> FS_DEV_T void mbar_wait(uint64_t *bar, int parity)
 {
     uint32_t done;
     do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+        if (WIDE)
+            asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                         "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+        else
+            asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                         : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
     } while (!done);
+}
+FS_DEV uint32_t cluster_rank()
+{
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+/* Every thread of every CTA in the cluster: arrive, then wait for all. */
+FS_DEV void cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 /* TMA: the box at (col, row) of a 2-D tensor map into shared memory, completing on bar. */
 FS_DEV void tma_load_2d(void *dst, const CUtensorMap *map, int col, int row, uint64_t *bar)
@@ -72,18 +95,33 @@ FS_DEV void tma_load_2d(void *dst, const CUtensorMap *map, int col, int row, uin
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  ::"r"(smem_addr(dst)), "l"(map), "r"(col), "r"(row), "r"(smem_addr(bar)) : "memory");
 }
+/* The same into the same offsets of every cluster CTA in mask, completing on each one's bar. */
+FS_DEV void tma_load_2d_multicast(void *dst, const CUtensorMap *map, int col, int row, uint64_t *bar, uint16_t mask)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3}], [%4], %5;\n"
+                 ::"r"(smem_addr(dst)), "l"(map), "r"(col), "r"(row), "r"(smem_addr(bar)), "h"(mask) : "memory");
+}
 #endif
 
-/* Store a consumer warpgroup's 64 x BN accumulators (NA per thread) from row0 / col0 of this thread. */
+/* Store a consumer warpgroup's 64 x BN accumulators (NA per thread) from row0 / col0 of this thread; bias
+ * holds the tile's BN bias values in shared memory (NULL: none). Column chunks are fenced from each other so
+ * the compiler cannot hoist every bias load above the first store (that would spill the accumulators). */
 template <int NA, bool SWIGLU> struct epilogue90 {
-    template <fs_activation ACT> FS_DEV void run(const fs_gemm_params &p, const float (&acc)[NA], int row0, int col0)
+    template <fs_activation ACT>
+    FS_DEV void run(const fs_gemm_params &p, const float (&acc)[NA], int row0, int col0, const float *bias)
     {
-        constexpr int PAIRS = SWIGLU ? NA / 4 : NA / 2; /* output column pairs per thread */
+        constexpr int PAIRS = SWIGLU ? NA / 4 : NA / 2, CHUNK = 8; /* output column pairs per thread */
 #pragma unroll
-        for (int q = 0; q < PAIRS; q++) {
-            const int i = 2 * q, j = i / 4, h = (i / 2) % 2;
-            gemm_store_pair<SWIGLU, ACT>(p, row0 + 8 * h, col0 + 8 * j, acc[i], acc[i + 1], SWIGLU ? acc[i + NA / 2] : 0.f,
-                                         SWIGLU ? acc[i + NA / 2 + 1] : 0.f);
+        for (int c = 0; c < PAIRS; c += CHUNK) {
+            asm volatile("" ::: "memory");
+#pragma unroll
+            for (int q = c; q < c + CHUNK; q++) {
+                const int i = 2 * q, j = i / 4, h = (i / 2) % 2;
+                const float2 b = bias ? *reinterpret_cast<const float2 *>(bias + 8 * j) : make_float2(0.f, 0.f);
+                gemm_store_pair<SWIGLU, ACT>(p, row0 + 8 * h, col0 + 8 * j, acc[i] + b.x, acc[i + 1] + b.y,
+                                             SWIGLU ? acc[i + NA / 2] : 0.f, SWIGLU ? acc[i + NA / 2 + 1] : 0.f);
+            }
         }
     }
 };
@@ -100,73 +138,87 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
     T *sA = reinterpret_cast<T *>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
     T *sB = sA + STAGES * BM * BK;
     uint64_t *full = reinterpret_cast<uint64_t *>(sB + STAGES * BN * BK), *empty = full + STAGES;
+    float *sBias = reinterpret_cast<float *>(empty + STAGES); /* [consumer warpgroup][tile parity][BN] */
     const fs_gemm_params &p = a.p;
     const int wg = threadIdx.x >> 7, nk = (p.K + BK - 1) / BK;
+    const uint32_t rank = cluster_rank(), peer = rank ^ 1;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 8); /* lane 0 of each consumer warp */
+            mbar_init(&empty[s], 8 * CLUSTER); /* lane 0 of each consumer warp of both CTAs */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    cluster_sync(); /* both CTAs' barriers exist before either multicasts or arrives remotely */
 
     if (wg == 0) { /* producer: one thread issues every TMA load */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0) {
             int s = 0, phase = 0;
-            for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
-                int tm, tn;
-                gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
+            for (int t = blockIdx.x / CLUSTER; t < a.tiles; t += gridDim.x / CLUSTER) {
+                int tp, tn;
+                gemm_tile_coords(t, a.pairs_m, a.tiles_n, &tp, &tn);
+                const int tm = CLUSTER * tp + rank;
+                /* this CTA's half of the W tile (SwiGLU: rank 0 the gate rows, rank 1 the up rows) */
+                const CUtensorMap *wmap = SWIGLU && rank ? &map_w2 : &map_w;
+                const int wrow = SWIGLU ? tn * OUT_BN : tn * BN + rank * (BN / 2);
                 for (int kt = 0; kt < nk; kt++) {
-                    mbar_wait(&empty[s], phase ^ 1);
+                    mbar_wait<true>(&empty[s], phase ^ 1); /* both CTAs released stage s */
                     mbar_expect_tx(&full[s], (BM + BN) * BK * 2);
                     tma_load_2d(sA + s * BM * BK, &map_x, kt * BK, tm * BM, &full[s]);
-                    if (SWIGLU) {
-                        tma_load_2d(sB + s * BN * BK, &map_w, kt * BK, tn * OUT_BN, &full[s]);
-                        tma_load_2d(sB + s * BN * BK + BN / 2 * BK, &map_w2, kt * BK, tn * OUT_BN, &full[s]);
-                    } else {
-                        tma_load_2d(sB + s * BN * BK, &map_w, kt * BK, tn * BN, &full[s]);
-                    }
+                    tma_load_2d_multicast(sB + s * BN * BK + rank * (BN / 2) * BK, wmap, kt * BK, wrow, &full[s], 0x3);
                     if (++s == STAGES) { s = 0; phase ^= 1; }
                 }
             }
         }
-        return;
-    }
-
-    /* consumers */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-    int s = 0, phase = 0;
-    for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
-        int tm, tn;
-        gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
-        const int row0 = tm * BM + cw * 64 + warp * 16 + g, col0 = tn * OUT_BN + 2 * t4;
-        /* accumulator i sits at row row0 + 8 ((i / 2) % 2), column col0 + 8 (i / 4) + i % 2 */
-        float acc[NA];
+    } else { /* consumers */
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+        int s = 0, phase = 0, tile_count = 0;
+        for (int t = blockIdx.x / CLUSTER; t < a.tiles; t += gridDim.x / CLUSTER) {
+            int tp, tn;
+            gemm_tile_coords(t, a.pairs_m, a.tiles_n, &tp, &tn);
+            const int row0 = (CLUSTER * tp + rank) * BM + cw * 64 + warp * 16 + g, col0 = tn * OUT_BN + 2 * t4;
+            /* this tile's bias into the warpgroup's buffer for this tile's parity (the other one may still be read
+             * by a thread finishing the previous tile); the accumulators must start from registers no
+             * non-wgmma instruction writes inside the main loop, or ptxas serialises the wgmmas */
+            float *bias = !SWIGLU && p.bias ? sBias + (cw * 2 + (tile_count & 1)) * BN : nullptr;
+            if (bias) {
+                for (int c = threadIdx.x & 127; c < OUT_BN; c += 128) bias[c] = gemm_acc_init(p, tn * OUT_BN + c);
+                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
+            }
+            tile_count++;
+            /* accumulator i sits at row row0 + 8 ((i / 2) % 2), column col0 + 8 (i / 4) + i % 2 */
+            float acc[NA];
 #pragma unroll
-        for (int i = 0; i < NA; i++) acc[i] = SWIGLU ? 0.f : gemm_acc_init(p, col0 + 8 * (i / 4) + i % 2);
-        int prev = -1;
-        for (int kt = 0; kt < nk; kt++) {
-            mbar_wait(&full[s], phase);
-            const uint32_t a_addr = smem_addr(sA + s * BM * BK) + cw * 64 * 128, b_addr = smem_addr(sB + s * BN * BK);
-            wgmma_fence();
+            for (int i = 0; i < NA; i++) acc[i] = 0.f;
+            int prev = -1;
+            for (int kt = 0; kt < nk; kt++) {
+                mbar_wait<false>(&full[s], phase);
+                const uint32_t a_addr = smem_addr(sA + s * BM * BK) + cw * 64 * 128, b_addr = smem_addr(sB + s * BN * BK);
+                wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++)
-                wgmma_ss<BN, T>(acc, desc_sw128(a_addr + 32 * kk, 16, 1024), desc_sw128(b_addr + 32 * kk, 16, 1024), 1);
-            wgmma_commit();
-            wgmma_wait<1>(); /* the previous step's group is done: its stage may be refilled */
-            if (prev >= 0 && lane == 0) mbar_arrive(&empty[prev]);
-            prev = s;
-            if (++s == STAGES) { s = 0; phase ^= 1; }
+                for (int kk = 0; kk < BK / 16; kk++)
+                    wgmma_ss<BN, T>(acc, desc_sw128(a_addr + 32 * kk, 16, 1024), desc_sw128(b_addr + 32 * kk, 16, 1024), 1);
+                wgmma_commit();
+                wgmma_wait<1>(); /* the previous step's group is done: both CTAs may refill its stage */
+                if (prev >= 0 && lane == 0) {
+                    mbar_arrive(&empty[prev]);
+                    mbar_arrive_cluster(&empty[prev], peer);
+                }
+                prev = s;
+                if (++s == STAGES) { s = 0; phase ^= 1; }
+            }
+            wgmma_wait<0>();
+            if (lane == 0) {
+                mbar_arrive(&empty[prev]);
+                mbar_arrive_cluster(&empty[prev], peer);
+            }
+            if (SWIGLU) epilogue90<NA, true>::template run<FS_ACT_SILU>(p, acc, row0, col0, nullptr);
+            else gemm_epilogue_dispatch<epilogue90<NA, false>>(p.act, p, acc, row0, col0, bias ? bias + 2 * t4 : nullptr);
         }
-        wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(&empty[prev]);
-
-        if (SWIGLU) epilogue90<NA, true>::template run<FS_ACT_SILU>(p, acc, row0, col0);
-        else gemm_epilogue_dispatch<epilogue90<NA, false>>(p.act, p, acc, row0, col0);
     }
+    cluster_sync(); /* no CTA leaves while its peer may still multicast into it or arrive on its barriers */
 #endif
 }
 
@@ -211,24 +263,36 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
     const void *kernel = (const void *)gemm_sm90<BN, T, SWIGLU>;
     fs_gemm90_args a;
     a.p = *p;
-    a.tiles_m = (p->M + BM - 1) / BM;
+    a.pairs_m = (p->M + CLUSTER * BM - 1) / (CLUSTER * BM);
     a.tiles_n = (p->N + OUT_BN - 1) / OUT_BN;
-    const long long tiles = (long long)a.tiles_m * a.tiles_n;
-    if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    const long long tiles = (long long)a.pairs_m * a.tiles_n;
+    if (tiles > 0x7fffffffLL / CLUSTER) return cudaErrorInvalidConfiguration;
     a.tiles = (int)tiles;
-    const int grid = tiles < sm_count ? (int)tiles : sm_count;
+    const int clusters = tiles < sm_count / CLUSTER ? (int)tiles : sm_count / CLUSTER;
     if (plan) {
-        *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN>::STAGES, THREADS, SMEM, grid, tiles};
+        *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN>::STAGES, THREADS, SMEM, CLUSTER * clusters, CLUSTER * tiles};
         return cudaSuccess;
     }
     CUtensorMap mx, mw, mw2;
     cudaError_t err = make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM);
-    if (err == cudaSuccess) err = make_map(&mw, p->w, p->dtype, p->N, p->K, p->ldw, SWIGLU ? BN / 2 : BN);
+    if (err == cudaSuccess) err = make_map(&mw, p->w, p->dtype, p->N, p->K, p->ldw, BN / 2);
     if (err == cudaSuccess) err = SWIGLU ? make_map(&mw2, p->w2, p->dtype, p->N, p->K, p->ldw2, BN / 2) : (mw2 = mw, cudaSuccess);
     if (err == cudaSuccess) err = prepare_kernel(kernel, SMEM, device, &prepared);
     if (err != cudaSuccess) return err;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = CLUSTER;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(CLUSTER * clusters);
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = SMEM;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
     void *args[] = {&mx, &mw, &mw2, &a};
-    err = cudaLaunchKernel(kernel, dim3(grid), dim3(THREADS), args, SMEM, stream);
+    err = cudaLaunchKernelExC(&cfg, kernel, args);
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 
@@ -237,9 +301,9 @@ template <typename T, bool SWIGLU>
 static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan)
 {
     const int out_bn = SWIGLU ? 128 : 256;
-    const long long big = (long long)((p->M + BM - 1) / BM) * ((p->N + out_bn - 1) / out_bn);
-    return big >= sm_count ? launch<256, T, SWIGLU>(p, device, sm_count, stream, plan)
-                           : launch<128, T, SWIGLU>(p, device, sm_count, stream, plan);
+    const long long ctas = (long long)CLUSTER * ((p->M + CLUSTER * BM - 1) / (CLUSTER * BM)) * ((p->N + out_bn - 1) / out_bn);
+    return ctas >= sm_count ? launch<256, T, SWIGLU>(p, device, sm_count, stream, plan)
+                            : launch<128, T, SWIGLU>(p, device, sm_count, stream, plan);
 }
 
 extern "C" int fs_gemm_sm90_built(void)
