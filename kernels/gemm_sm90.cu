@@ -23,6 +23,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "gemm_cuda.h"
 #include "gemm_epilogue.cuh"
@@ -32,7 +33,6 @@
 #define BM 128
 #define BK 64
 #define THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
-#define CLUSTER 2   /* CTAs per cluster, on neighbouring row tiles: each loads half the W tile for both */
 template <int BN> struct fs_gemm90_tile;
 template <> struct fs_gemm90_tile<256> { enum { STAGES = 4 }; };
 template <> struct fs_gemm90_tile<128> { enum { STAGES = 6 }; };
@@ -41,7 +41,7 @@ template <int BN> constexpr int gemm90_smem() { return fs_gemm90_tile<BN>::STAGE
 
 typedef struct {
     fs_gemm_params p;
-    int pairs_m, tiles_n, tiles; /* tiles: cluster tiles, pairs_m x tiles_n (a pair = CLUSTER row tiles) */
+    int pairs_m, tiles_n, tiles; /* tiles: cluster tiles, pairs_m x tiles_n (a pair: CL neighbouring row tiles) */
 } fs_gemm90_args;
 
 #ifdef FS_WGMMA
@@ -126,7 +126,8 @@ template <int NA, bool SWIGLU> struct epilogue90 {
     }
 };
 
-template <int BN, typename T, bool SWIGLU>
+/* CL = CTAs per cluster (1 or 2), on neighbouring row tiles: with 2, each CTA loads half the W tile for both. */
+template <int BN, int CL, typename T, bool SWIGLU>
 __global__ void __launch_bounds__(THREADS, 1)
 gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
           const __grid_constant__ CUtensorMap map_w2, const fs_gemm90_args a)
@@ -141,11 +142,11 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
     float *sBias = reinterpret_cast<float *>(empty + STAGES); /* [consumer warpgroup][tile parity][BN] */
     const fs_gemm_params &p = a.p;
     const int wg = threadIdx.x >> 7, nk = (p.K + BK - 1) / BK;
-    const uint32_t rank = cluster_rank(), peer = rank ^ 1;
+    const uint32_t rank = CL > 1 ? cluster_rank() : 0, peer = rank ^ 1;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 8 * CLUSTER); /* lane 0 of each consumer warp of both CTAs */
+            mbar_init(&empty[s], 8 * CL); /* lane 0 of each consumer warp of each CTA */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -155,18 +156,24 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0) {
             int s = 0, phase = 0;
-            for (int t = blockIdx.x / CLUSTER; t < a.tiles; t += gridDim.x / CLUSTER) {
+            for (int t = blockIdx.x / CL; t < a.tiles; t += gridDim.x / CL) {
                 int tp, tn;
                 gemm_tile_coords(t, a.pairs_m, a.tiles_n, &tp, &tn);
-                const int tm = CLUSTER * tp + rank;
-                /* this CTA's half of the W tile (SwiGLU: rank 0 the gate rows, rank 1 the up rows) */
-                const CUtensorMap *wmap = SWIGLU && rank ? &map_w2 : &map_w;
-                const int wrow = SWIGLU ? tn * OUT_BN : tn * BN + rank * (BN / 2);
+                const int tm = CL * tp + rank;
+                /* W tile halves (SwiGLU: the gate rows, then the up rows); with a cluster, this CTA's half for both */
+                const CUtensorMap *wmap1 = SWIGLU ? &map_w2 : &map_w, *wmap_own = rank ? wmap1 : &map_w;
+                const int wrow0 = SWIGLU ? tn * OUT_BN : tn * BN, wrow1 = SWIGLU ? wrow0 : wrow0 + BN / 2;
                 for (int kt = 0; kt < nk; kt++) {
-                    mbar_wait<true>(&empty[s], phase ^ 1); /* both CTAs released stage s */
+                    mbar_wait<(CL > 1)>(&empty[s], phase ^ 1); /* every CTA of the cluster released stage s */
                     mbar_expect_tx(&full[s], (BM + BN) * BK * 2);
                     tma_load_2d(sA + s * BM * BK, &map_x, kt * BK, tm * BM, &full[s]);
-                    tma_load_2d_multicast(sB + s * BN * BK + rank * (BN / 2) * BK, wmap, kt * BK, wrow, &full[s], 0x3);
+                    T *sb = sB + s * BN * BK;
+                    if (CL > 1) {
+                        tma_load_2d_multicast(sb + rank * (BN / 2) * BK, wmap_own, kt * BK, rank ? wrow1 : wrow0, &full[s], 0x3);
+                    } else {
+                        tma_load_2d(sb, &map_w, kt * BK, wrow0, &full[s]);
+                        tma_load_2d(sb + (BN / 2) * BK, wmap1, kt * BK, wrow1, &full[s]);
+                    }
                     if (++s == STAGES) { s = 0; phase ^= 1; }
                 }
             }
@@ -175,10 +182,10 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
         const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
         int s = 0, phase = 0, tile_count = 0;
-        for (int t = blockIdx.x / CLUSTER; t < a.tiles; t += gridDim.x / CLUSTER) {
+        for (int t = blockIdx.x / CL; t < a.tiles; t += gridDim.x / CL) {
             int tp, tn;
             gemm_tile_coords(t, a.pairs_m, a.tiles_n, &tp, &tn);
-            const int row0 = (CLUSTER * tp + rank) * BM + cw * 64 + warp * 16 + g, col0 = tn * OUT_BN + 2 * t4;
+            const int row0 = (CL * tp + rank) * BM + cw * 64 + warp * 16 + g, col0 = tn * OUT_BN + 2 * t4;
             /* this tile's bias into the warpgroup's buffer for this tile's parity (the other one may still be read
              * by a thread finishing the previous tile); the accumulators must start from registers no
              * non-wgmma instruction writes inside the main loop, or ptxas serialises the wgmmas */
@@ -204,7 +211,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                 wgmma_wait<1>(); /* the previous step's group is done: both CTAs may refill its stage */
                 if (prev >= 0 && lane == 0) {
                     mbar_arrive(&empty[prev]);
-                    mbar_arrive_cluster(&empty[prev], peer);
+                    if (CL > 1) mbar_arrive_cluster(&empty[prev], peer);
                 }
                 prev = s;
                 if (++s == STAGES) { s = 0; phase ^= 1; }
@@ -212,7 +219,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             wgmma_wait<0>();
             if (lane == 0) {
                 mbar_arrive(&empty[prev]);
-                mbar_arrive_cluster(&empty[prev], peer);
+                if (CL > 1) mbar_arrive_cluster(&empty[prev], peer);
             }
             if (SWIGLU) epilogue90<NA, true>::template run<FS_ACT_SILU>(p, acc, row0, col0, nullptr);
             else gemm_epilogue_dispatch<epilogue90<NA, false>>(p.act, p, acc, row0, col0, bias ? bias + 2 * t4 : nullptr);
@@ -255,55 +262,80 @@ static cudaError_t make_map(CUtensorMap *map, const void *base, fs_dtype dt, int
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int BN, typename T, bool SWIGLU>
+template <int BN, int CL, typename T, bool SWIGLU>
 static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan)
 {
     constexpr int SMEM = gemm90_smem<BN>(), OUT_BN = SWIGLU ? BN / 2 : BN;
     static unsigned long long prepared;
-    const void *kernel = (const void *)gemm_sm90<BN, T, SWIGLU>;
-    fs_gemm90_args a;
-    a.p = *p;
-    a.pairs_m = (p->M + CLUSTER * BM - 1) / (CLUSTER * BM);
-    a.tiles_n = (p->N + OUT_BN - 1) / OUT_BN;
-    const long long tiles = (long long)a.pairs_m * a.tiles_n;
-    if (tiles > 0x7fffffffLL / CLUSTER) return cudaErrorInvalidConfiguration;
-    a.tiles = (int)tiles;
-    const int clusters = tiles < sm_count / CLUSTER ? (int)tiles : sm_count / CLUSTER;
-    if (plan) {
-        *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN>::STAGES, THREADS, SMEM, CLUSTER * clusters, CLUSTER * tiles};
-        return cudaSuccess;
-    }
-    CUtensorMap mx, mw, mw2;
-    cudaError_t err = make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM);
-    if (err == cudaSuccess) err = make_map(&mw, p->w, p->dtype, p->N, p->K, p->ldw, BN / 2);
-    if (err == cudaSuccess) err = SWIGLU ? make_map(&mw2, p->w2, p->dtype, p->N, p->K, p->ldw2, BN / 2) : (mw2 = mw, cudaSuccess);
-    if (err == cudaSuccess) err = prepare_kernel(kernel, SMEM, device, &prepared);
+    static int max_clusters[64]; /* co-resident clusters per device (GPCs may not pair every SM) */
+    const void *kernel = (const void *)gemm_sm90<BN, CL, T, SWIGLU>;
+    cudaError_t err = prepare_kernel(kernel, SMEM, device, &prepared);
     if (err != cudaSuccess) return err;
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = CLUSTER;
+    attr[0].val.clusterDim.x = CL;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3(CLUSTER * clusters);
     cfg.blockDim = dim3(THREADS);
     cfg.dynamicSmemBytes = SMEM;
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
+    int *mc = device < 64 ? &max_clusters[device] : NULL, fresh = 0;
+    if (!mc || !*mc) {
+        cfg.gridDim = dim3(sm_count);
+        err = cudaOccupancyMaxActiveClusters(&fresh, kernel, &cfg);
+        if (err != cudaSuccess) return err;
+        if (fresh < 1) return cudaErrorInvalidConfiguration;
+        if (mc) *mc = fresh;
+    }
+    const int resident = mc ? *mc : fresh;
+    fs_gemm90_args a;
+    a.p = *p;
+    a.pairs_m = (p->M + CL * BM - 1) / (CL * BM);
+    a.tiles_n = (p->N + OUT_BN - 1) / OUT_BN;
+    const long long tiles = (long long)a.pairs_m * a.tiles_n;
+    if (tiles > 0x7fffffffLL / CL) return cudaErrorInvalidConfiguration;
+    a.tiles = (int)tiles;
+    const int clusters = tiles < resident ? (int)tiles : resident;
+    if (plan) {
+        *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN>::STAGES, THREADS, SMEM, CL * clusters, CL * tiles};
+        return cudaSuccess;
+    }
+    CUtensorMap mx, mw, mw2;
+    err = make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM);
+    if (err == cudaSuccess) err = make_map(&mw, p->w, p->dtype, p->N, p->K, p->ldw, BN / 2);
+    if (err == cudaSuccess) err = SWIGLU ? make_map(&mw2, p->w2, p->dtype, p->N, p->K, p->ldw2, BN / 2) : (mw2 = mw, cudaSuccess);
+    if (err != cudaSuccess) return err;
+    cfg.gridDim = dim3(CL * clusters);
     void *args[] = {&mx, &mw, &mw2, &a};
     err = cudaLaunchKernelExC(&cfg, kernel, args);
     return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+/* CTAs per cluster: 2 unless FLASHSCI_GEMM_CLUSTER=1 (read once). */
+static int cluster_size(void)
+{
+    static int cl;
+    if (!cl) {
+        const char *e = getenv("FLASHSCI_GEMM_CLUSTER");
+        cl = e && atoi(e) == 1 ? 1 : 2;
+    }
+    return cl;
 }
 
 /* 128 x 256 tiles unless they leave SMs idle that 128 x 128 tiles would fill. */
 template <typename T, bool SWIGLU>
 static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan)
 {
-    const int out_bn = SWIGLU ? 128 : 256;
-    const long long ctas = (long long)CLUSTER * ((p->M + CLUSTER * BM - 1) / (CLUSTER * BM)) * ((p->N + out_bn - 1) / out_bn);
-    return ctas >= sm_count ? launch<256, T, SWIGLU>(p, device, sm_count, stream, plan)
-                            : launch<128, T, SWIGLU>(p, device, sm_count, stream, plan);
+    const int out_bn = SWIGLU ? 128 : 256, cl = cluster_size();
+    const long long ctas = (long long)cl * ((p->M + cl * BM - 1) / (cl * BM)) * ((p->N + out_bn - 1) / out_bn);
+    if (cl == 1)
+        return ctas >= sm_count ? launch<256, 1, T, SWIGLU>(p, device, sm_count, stream, plan)
+                                : launch<128, 1, T, SWIGLU>(p, device, sm_count, stream, plan);
+    return ctas >= sm_count ? launch<256, 2, T, SWIGLU>(p, device, sm_count, stream, plan)
+                            : launch<128, 2, T, SWIGLU>(p, device, sm_count, stream, plan);
 }
 
 extern "C" int fs_gemm_sm90_built(void)

@@ -82,8 +82,9 @@ def run_linear(dtype_name, out_dir):
         ours = fs(x, w, b)
         theirs = next(iter(variants.values()))(x, w, b)
         fl = 2.0 * m * n_w * k
-        row = {"shape": name, "M": m, "K": k, "N": n, "mode": mode, "dtype": dtype_name,
-               "kernel": flashsci._flashsci._gemm_plan(m, n, k, swiglu=mode == "swiglu")["kernel"],
+        plan = flashsci._flashsci._gemm_plan(m, n, k, swiglu=mode == "swiglu")
+        row = {"shape": name, "M": m, "K": k, "N": n, "mode": mode, "dtype": dtype_name, "kernel": plan["kernel"],
+               "tile": f"{plan['BM']}x{plan['BN']}", "grid": plan["grid"], "tiles": plan["tiles"],
                "max_abs_diff_vs_torch": (ours.float() - theirs.float()).abs().max().item(),
                "max_abs_torch": theirs.float().abs().max().item()}
         row["flashsci_us"] = graph_kernel_time_us(torch, fs, inputs)
@@ -110,13 +111,14 @@ def run_linear(dtype_name, out_dir):
     return rows
 
 
-COLS = ["shape", "M", "K", "N", "mode", "kernel", "flashsci us", "TF/s", "torch best", "torch us", "torch TF/s",
+COLS = ["shape", "M", "K", "N", "mode", "kernel", "tile", "CTAs", "flashsci us", "TF/s", "torch best", "torch us", "torch TF/s",
         "speedup", "per variant", "fs call", "torch call", "max diff"]
 
 
 def _cells(r):
     per = ", ".join(f"{v} {s:.2f}x" for v, s in r["speedup_vs_torch"].items())
-    return [r["shape"], str(r["M"]), str(r["K"]), str(r["N"]), r["mode"], r["kernel"], _fmt(r["flashsci_us"]),
+    return [r["shape"], str(r["M"]), str(r["K"]), str(r["N"]), r["mode"], r["kernel"], r["tile"],
+            f"{r['grid']} of {r['tiles']}", _fmt(r["flashsci_us"]),
             _fmt(r["flashsci_tflops"]), r["torch_best"], _fmt(r["torch_best_us"]), _fmt(r["torch_best_tflops"]),
             _fmt(r["speedup_vs_torch_best"], ".3f"), per, _fmt(r["flashsci_per_call_us"]), _fmt(r["torch_per_call_us"]),
             f"{r['max_abs_diff_vs_torch']:.1e} (of {r['max_abs_torch']:.1f})"]
