@@ -17,13 +17,18 @@
  * of Wu (two TMA boxes), so accumulator i (gate) and i + BN/4 (up) sit in the same thread.
  *
  * History (H200 fp16, TF/s; torch/cuBLAS 620-686 on the issue's shapes):
- *   v1  128 x 256 x 64 (128 x 128 when that fills more SMs), 4 / 6 stages, persistent, direct stores
+ *   v1  128 x 256 x 64 (128 x 128 when that fills more SMs), 4 / 6 stages, persistent, direct stores,
+ *       accumulators started from the bias                           500-597 (0.77-0.90x torch)
+ *   v2  ptxas serialised every wgmma of v1's bias variants (accumulators written by loads inside its
+ *       pipeline stage): accumulators start at 0, the bias comes from shared memory in the epilogue;
+ *       tile width 256 / 192 / 128 by rounds over the SMs             457-612 (0.77-0.91x torch)
+ *       Tried and dropped: 2-CTA clusters with the W tile multicast (each CTA loading half): 384-455,
+ *       0.63-0.69x torch, slower on every shape (cause not found in the time left).
  */
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "gemm_cuda.h"
 #include "gemm_epilogue.cuh"
@@ -35,13 +40,14 @@
 #define THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
 template <int BN> struct fs_gemm90_tile;
 template <> struct fs_gemm90_tile<256> { enum { STAGES = 4 }; };
+template <> struct fs_gemm90_tile<192> { enum { STAGES = 5 }; };
 template <> struct fs_gemm90_tile<128> { enum { STAGES = 6 }; };
 /* ring stages (X and W tiles, full and empty barriers), per-warpgroup double-buffered bias, alignment slack */
 template <int BN> constexpr int gemm90_smem() { return fs_gemm90_tile<BN>::STAGES * ((BM + BN) * BK * 2 + 16) + 2 * 2 * BN * 4 + 1024; }
 
 typedef struct {
     fs_gemm_params p;
-    int pairs_m, tiles_n, tiles; /* tiles: cluster tiles, pairs_m x tiles_n (a pair: CL neighbouring row tiles) */
+    int tiles_m, tiles_n, tiles;
 } fs_gemm90_args;
 
 #ifdef FS_WGMMA
@@ -59,48 +65,20 @@ FS_DEV void mbar_arrive(uint64_t *bar)
 {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
-/* Arrive once on the barrier at the same shared-memory offset in cluster CTA `cta` (release at cluster scope). */
-FS_DEV void mbar_arrive_cluster(uint64_t *bar, uint32_t cta)
-{
-    asm volatile("{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}\n" ::"r"(smem_addr(bar)), "r"(cta) : "memory");
-}
-/* Wait until the phase of the given parity has completed (WIDE: acquire at cluster scope what other CTAs released). */
-template <bool WIDE> FS_DEV_T void mbar_wait(uint64_t *bar, int parity)
+/* Wait until the phase of the given parity has completed. */
+FS_DEV void mbar_wait(uint64_t *bar, int parity)
 {
     uint32_t done;
     do {
-        if (WIDE)
-            asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-                         "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
-        else
-            asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                         : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
     } while (!done);
-}
-FS_DEV uint32_t cluster_rank()
-{
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-/* Every thread of every CTA in the cluster: arrive, then wait for all. */
-FS_DEV void cluster_sync()
-{
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 /* TMA: the box at (col, row) of a 2-D tensor map into shared memory, completing on bar. */
 FS_DEV void tma_load_2d(void *dst, const CUtensorMap *map, int col, int row, uint64_t *bar)
 {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  ::"r"(smem_addr(dst)), "l"(map), "r"(col), "r"(row), "r"(smem_addr(bar)) : "memory");
-}
-/* The same into the same offsets of every cluster CTA in mask, completing on each one's bar. */
-FS_DEV void tma_load_2d_multicast(void *dst, const CUtensorMap *map, int col, int row, uint64_t *bar, uint16_t mask)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-                 " [%0], [%1, {%2, %3}], [%4], %5;\n"
-                 ::"r"(smem_addr(dst)), "l"(map), "r"(col), "r"(row), "r"(smem_addr(bar)), "h"(mask) : "memory");
 }
 #endif
 
@@ -126,8 +104,7 @@ template <int NA, bool SWIGLU> struct epilogue90 {
     }
 };
 
-/* CL = CTAs per cluster (1 or 2), on neighbouring row tiles: with 2, each CTA loads half the W tile for both. */
-template <int BN, int CL, typename T, bool SWIGLU>
+template <int BN, typename T, bool SWIGLU>
 __global__ void __launch_bounds__(THREADS, 1)
 gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
           const __grid_constant__ CUtensorMap map_w2, const fs_gemm90_args a)
@@ -142,38 +119,31 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
     float *sBias = reinterpret_cast<float *>(empty + STAGES); /* [consumer warpgroup][tile parity][BN] */
     const fs_gemm_params &p = a.p;
     const int wg = threadIdx.x >> 7, nk = (p.K + BK - 1) / BK;
-    const uint32_t rank = CL > 1 ? cluster_rank() : 0, peer = rank ^ 1;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 8 * CL); /* lane 0 of each consumer warp of each CTA */
+            mbar_init(&empty[s], 8); /* lane 0 of each consumer warp */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    cluster_sync(); /* both CTAs' barriers exist before either multicasts or arrives remotely */
+    __syncthreads();
 
     if (wg == 0) { /* producer: one thread issues every TMA load */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0) {
             int s = 0, phase = 0;
-            for (int t = blockIdx.x / CL; t < a.tiles; t += gridDim.x / CL) {
-                int tp, tn;
-                gemm_tile_coords(t, a.pairs_m, a.tiles_n, &tp, &tn);
-                const int tm = CL * tp + rank;
-                /* W tile halves (SwiGLU: the gate rows, then the up rows); with a cluster, this CTA's half for both */
-                const CUtensorMap *wmap1 = SWIGLU ? &map_w2 : &map_w, *wmap_own = rank ? wmap1 : &map_w;
+            for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
+                int tm, tn;
+                gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
+                /* the W tile in two boxes of BN / 2 rows (SwiGLU: the gate rows, then the same rows of the up weight) */
+                const CUtensorMap *wmap1 = SWIGLU ? &map_w2 : &map_w;
                 const int wrow0 = SWIGLU ? tn * OUT_BN : tn * BN, wrow1 = SWIGLU ? wrow0 : wrow0 + BN / 2;
                 for (int kt = 0; kt < nk; kt++) {
-                    mbar_wait<(CL > 1)>(&empty[s], phase ^ 1); /* every CTA of the cluster released stage s */
+                    mbar_wait(&empty[s], phase ^ 1);
                     mbar_expect_tx(&full[s], (BM + BN) * BK * 2);
                     tma_load_2d(sA + s * BM * BK, &map_x, kt * BK, tm * BM, &full[s]);
-                    T *sb = sB + s * BN * BK;
-                    if (CL > 1) {
-                        tma_load_2d_multicast(sb + rank * (BN / 2) * BK, wmap_own, kt * BK, rank ? wrow1 : wrow0, &full[s], 0x3);
-                    } else {
-                        tma_load_2d(sb, &map_w, kt * BK, wrow0, &full[s]);
-                        tma_load_2d(sb + (BN / 2) * BK, wmap1, kt * BK, wrow1, &full[s]);
-                    }
+                    tma_load_2d(sB + s * BN * BK, &map_w, kt * BK, wrow0, &full[s]);
+                    tma_load_2d(sB + s * BN * BK + (BN / 2) * BK, wmap1, kt * BK, wrow1, &full[s]);
                     if (++s == STAGES) { s = 0; phase ^= 1; }
                 }
             }
@@ -182,10 +152,10 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
         const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
         int s = 0, phase = 0, tile_count = 0;
-        for (int t = blockIdx.x / CL; t < a.tiles; t += gridDim.x / CL) {
-            int tp, tn;
-            gemm_tile_coords(t, a.pairs_m, a.tiles_n, &tp, &tn);
-            const int row0 = (CL * tp + rank) * BM + cw * 64 + warp * 16 + g, col0 = tn * OUT_BN + 2 * t4;
+        for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
+            int tm, tn;
+            gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
+            const int row0 = tm * BM + cw * 64 + warp * 16 + g, col0 = tn * OUT_BN + 2 * t4;
             /* this tile's bias into the warpgroup's buffer for this tile's parity (the other one may still be read
              * by a thread finishing the previous tile); the accumulators must start from registers no
              * non-wgmma instruction writes inside the main loop, or ptxas serialises the wgmmas */
@@ -201,31 +171,24 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             for (int i = 0; i < NA; i++) acc[i] = 0.f;
             int prev = -1;
             for (int kt = 0; kt < nk; kt++) {
-                mbar_wait<false>(&full[s], phase);
+                mbar_wait(&full[s], phase);
                 const uint32_t a_addr = smem_addr(sA + s * BM * BK) + cw * 64 * 128, b_addr = smem_addr(sB + s * BN * BK);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < BK / 16; kk++)
                     wgmma_ss<BN, T>(acc, desc_sw128(a_addr + 32 * kk, 16, 1024), desc_sw128(b_addr + 32 * kk, 16, 1024), 1);
                 wgmma_commit();
-                wgmma_wait<1>(); /* the previous step's group is done: both CTAs may refill its stage */
-                if (prev >= 0 && lane == 0) {
-                    mbar_arrive(&empty[prev]);
-                    if (CL > 1) mbar_arrive_cluster(&empty[prev], peer);
-                }
+                wgmma_wait<1>(); /* the previous step's group is done: its stage may be refilled */
+                if (prev >= 0 && lane == 0) mbar_arrive(&empty[prev]);
                 prev = s;
                 if (++s == STAGES) { s = 0; phase ^= 1; }
             }
             wgmma_wait<0>();
-            if (lane == 0) {
-                mbar_arrive(&empty[prev]);
-                if (CL > 1) mbar_arrive_cluster(&empty[prev], peer);
-            }
+            if (lane == 0) mbar_arrive(&empty[prev]);
             if (SWIGLU) epilogue90<NA, true>::template run<FS_ACT_SILU>(p, acc, row0, col0, nullptr);
             else gemm_epilogue_dispatch<epilogue90<NA, false>>(p.act, p, acc, row0, col0, bias ? bias + 2 * t4 : nullptr);
         }
     }
-    cluster_sync(); /* no CTA leaves while its peer may still multicast into it or arrive on its barriers */
 #endif
 }
 
@@ -262,80 +225,55 @@ static cudaError_t make_map(CUtensorMap *map, const void *base, fs_dtype dt, int
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int BN, int CL, typename T, bool SWIGLU>
+template <int BN, typename T, bool SWIGLU>
 static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan)
 {
     constexpr int SMEM = gemm90_smem<BN>(), OUT_BN = SWIGLU ? BN / 2 : BN;
     static unsigned long long prepared;
-    static int max_clusters[64]; /* co-resident clusters per device (GPCs may not pair every SM) */
-    const void *kernel = (const void *)gemm_sm90<BN, CL, T, SWIGLU>;
-    cudaError_t err = prepare_kernel(kernel, SMEM, device, &prepared);
-    if (err != cudaSuccess) return err;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = CL;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = SMEM;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int *mc = device < 64 ? &max_clusters[device] : NULL, fresh = 0;
-    if (!mc || !*mc) {
-        cfg.gridDim = dim3(sm_count);
-        err = cudaOccupancyMaxActiveClusters(&fresh, kernel, &cfg);
-        if (err != cudaSuccess) return err;
-        if (fresh < 1) return cudaErrorInvalidConfiguration;
-        if (mc) *mc = fresh;
-    }
-    const int resident = mc ? *mc : fresh;
+    const void *kernel = (const void *)gemm_sm90<BN, T, SWIGLU>;
     fs_gemm90_args a;
     a.p = *p;
-    a.pairs_m = (p->M + CL * BM - 1) / (CL * BM);
+    a.tiles_m = (p->M + BM - 1) / BM;
     a.tiles_n = (p->N + OUT_BN - 1) / OUT_BN;
-    const long long tiles = (long long)a.pairs_m * a.tiles_n;
-    if (tiles > 0x7fffffffLL / CL) return cudaErrorInvalidConfiguration;
+    const long long tiles = (long long)a.tiles_m * a.tiles_n;
+    if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     a.tiles = (int)tiles;
-    const int clusters = tiles < resident ? (int)tiles : resident;
+    const int grid = tiles < sm_count ? (int)tiles : sm_count;
     if (plan) {
-        *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN>::STAGES, THREADS, SMEM, CL * clusters, CL * tiles};
+        *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN>::STAGES, THREADS, SMEM, grid, tiles};
         return cudaSuccess;
     }
     CUtensorMap mx, mw, mw2;
-    err = make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM);
+    cudaError_t err = make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM);
     if (err == cudaSuccess) err = make_map(&mw, p->w, p->dtype, p->N, p->K, p->ldw, BN / 2);
     if (err == cudaSuccess) err = SWIGLU ? make_map(&mw2, p->w2, p->dtype, p->N, p->K, p->ldw2, BN / 2) : (mw2 = mw, cudaSuccess);
+    if (err == cudaSuccess) err = prepare_kernel(kernel, SMEM, device, &prepared);
     if (err != cudaSuccess) return err;
-    cfg.gridDim = dim3(CL * clusters);
     void *args[] = {&mx, &mw, &mw2, &a};
-    err = cudaLaunchKernelExC(&cfg, kernel, args);
+    err = cudaLaunchKernel(kernel, dim3(grid), dim3(THREADS), args, SMEM, stream);
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-/* CTAs per cluster: 2 unless FLASHSCI_GEMM_CLUSTER=1 (read once). */
-static int cluster_size(void)
-{
-    static int cl;
-    if (!cl) {
-        const char *e = getenv("FLASHSCI_GEMM_CLUSTER");
-        cl = e && atoi(e) == 1 ? 1 : 2;
-    }
-    return cl;
-}
-
-/* 128 x 256 tiles unless they leave SMs idle that 128 x 128 tiles would fill. */
+/* The tile width (256, 192 or 128 W rows) with the least work per CTA: rounds of tiles over the SMs times
+ * (BN + 64), the 64 standing for the per-tile cost of loading X; ties go to the wider tile. */
 template <typename T, bool SWIGLU>
 static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan)
 {
-    const int out_bn = SWIGLU ? 128 : 256, cl = cluster_size();
-    const long long ctas = (long long)cl * ((p->M + cl * BM - 1) / (cl * BM)) * ((p->N + out_bn - 1) / out_bn);
-    if (cl == 1)
-        return ctas >= sm_count ? launch<256, 1, T, SWIGLU>(p, device, sm_count, stream, plan)
-                                : launch<128, 1, T, SWIGLU>(p, device, sm_count, stream, plan);
-    return ctas >= sm_count ? launch<256, 2, T, SWIGLU>(p, device, sm_count, stream, plan)
-                            : launch<128, 2, T, SWIGLU>(p, device, sm_count, stream, plan);
+    static const int widths[3] = {256, 192, 128};
+    int best = 0;
+    long long best_cost = 0;
+    for (int i = 0; i < 3; i++) {
+        const int out_bn = SWIGLU ? widths[i] / 2 : widths[i];
+        const long long tiles = (long long)((p->M + BM - 1) / BM) * ((p->N + out_bn - 1) / out_bn);
+        const long long cost = (tiles + sm_count - 1) / sm_count * (widths[i] + 64);
+        if (i == 0 || cost < best_cost) {
+            best = i;
+            best_cost = cost;
+        }
+    }
+    return best == 0 ? launch<256, T, SWIGLU>(p, device, sm_count, stream, plan)
+         : best == 1 ? launch<192, T, SWIGLU>(p, device, sm_count, stream, plan)
+                     : launch<128, T, SWIGLU>(p, device, sm_count, stream, plan);
 }
 
 extern "C" int fs_gemm_sm90_built(void)

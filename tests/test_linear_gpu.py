@@ -16,7 +16,7 @@ ACTS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 # (M, K, N, mode) from the issue: ESM2-3B, ProtT5-XL, ESM-C-600M, small M (large ones trimmed in M)
 ISSUE = [(2048, 2560, 7680, None), (2048, 2560, 10240, "gelu"), (2048, 10240, 2560, None), (2048, 1024, 16384, "relu"),
          (2048, 16384, 1024, None), (2048, 1152, 3072, "swiglu"), (256, 2560, 10240, "gelu"), (1024, 2560, 10240, None),
-         (16137, 1280, 1280, "gelu")]
+         (16137, 1280, 1280, "gelu"), (256, 512, 5120, "swiglu")]   # the last: 192-wide Hopper tiles
 
 
 @pytest.fixture(params=["auto", "sm80"])
@@ -135,6 +135,8 @@ def test_dispatch_plan():
         assert (plan["BM"], plan["BN"]) == (128, 256) and plan["grid"] == plan["sm_count"]
         small = flashsci._flashsci._gemm_plan(256, 7680, 2560)   # 60 big tiles < SMs: 128 x 128 tiles
         assert small["BN"] == 128 and small["tiles"] == 120
+        mid = flashsci._flashsci._gemm_plan(256, 10240, 2560)   # 192-wide tiles: 108 in one round
+        assert mid["BN"] == 192 and mid["tiles"] == 108
 
 
 def test_cuda_graph_capture():
