@@ -16,12 +16,12 @@
  * epilogue (gemm_epilogue.cuh) masks the stores. SwiGLU: the W tile is BN/2 rows of Wg then the same rows
  * of Wu (two TMA boxes), so accumulator i (gate) and i + BN/4 (up) sit in the same thread.
  *
- * History (H200 fp16, TF/s; torch/cuBLAS 620-686 on the issue's shapes):
+ * History (H200 fp16, TF/s at M = 8192; torch/cuBLAS 587-687 on the issue's shapes):
  *   v1  128 x 256 x 64 (128 x 128 when that fills more SMs), 4 / 6 stages, persistent, direct stores,
  *       accumulators started from the bias                           500-597 (0.77-0.90x torch)
  *   v2  ptxas serialised every wgmma of v1's bias variants (accumulators written by loads inside its
  *       pipeline stage): accumulators start at 0, the bias comes from shared memory in the epilogue;
- *       tile width 256 / 192 / 128 by rounds over the SMs             457-612 (0.77-0.91x torch)
+ *       tile width 256 / 192 / 128 by rounds over the SMs             453-614 (0.77-0.93x torch)
  *       Tried and dropped: 2-CTA clusters with the W tile multicast (each CTA loading half): 384-455,
  *       0.63-0.69x torch, slower on every shape (cause not found in the time left).
  */
