@@ -208,11 +208,8 @@ static void fill_params(const attn_args *a, fs_tensor *const t[3], const fs_tens
 
 int fs_run_attention(fs_state *st, const fs_attn_params *p, fs_tensor *const *arrays, int n, uintptr_t stream)
 {
-    if (arrays[0]->is_cuda) { /* order after producers that named their stream (CUDA array interface v3) */
-        for (int i = 0; i < n; i++)
-            if (arrays[i]->has_stream && fs_gpu_stream_wait(stream, arrays[i]->stream, arrays[0]->device) < 0) return -1;
-        return fs_gpu_attention(p, arrays[0]->device, stream);
-    }
+    if (arrays[0]->is_cuda)
+        return fs_wait_producers(arrays, n, stream) < 0 ? -1 : fs_gpu_attention(p, arrays[0]->device, stream);
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = fs_attention_cpu(p, st->num_threads);

@@ -60,6 +60,7 @@ void fs_tensor_release(fs_tensor *t);
 int fs_torch_current_stream(fs_state *st, int device, uintptr_t *stream);
 int fs_parse_stream(fs_state *st, PyObject *obj, uintptr_t *stream);
 PyObject *fs_tensor_describe(const fs_tensor *t);
+int fs_wait_producers(fs_tensor *const *arrays, int n, uintptr_t stream);
 
 /* varlen.c */
 PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs);

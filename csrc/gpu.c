@@ -122,18 +122,25 @@ void fs_gpu_free_async(void *ptr, uintptr_t stream, int device)
     if (prev != device) cudaSetDevice(prev);
 }
 
+/* Before a launch: the device's properties, a compute capability of 8.0 or newer (what names the op in the
+ * error), and the device made current (*prev: the one to restore). */
+static int launch_begin(int device, const char *what, fs_gpu_props *props, int *prev)
+{
+    if (fs_gpu_props_get(device, props) < 0) return -1;
+    if (props->major < 8) {
+        PyErr_Format(PyExc_ValueError, "flashsci: CUDA %s needs compute capability 8.0 or newer; device %d (%s) is %d.%d",
+                     what, device, props->name, props->major, props->minor);
+        return -1;
+    }
+    return fs_gpu_device_enter(device, prev);
+}
+
 /* Launch attention on device, or with plan non-NULL describe the launch as a dict in *plan. */
 static int attention_launch(const fs_attn_params *p, int device, uintptr_t stream, PyObject **plan)
 {
     fs_gpu_props props;
-    if (fs_gpu_props_get(device, &props) < 0) return -1;
-    if (props.major < 8) {
-        PyErr_Format(PyExc_ValueError, "flashsci: CUDA attention needs compute capability 8.0 or newer; device %d (%s) is %d.%d",
-                     device, props.name, props.major, props.minor);
-        return -1;
-    }
     int prev;
-    if (fs_gpu_device_enter(device, &prev) < 0) return -1;
+    if (launch_begin(device, "attention", &props, &prev) < 0) return -1;
     fs_sm80_plan pl;
     const int hopper = props.major == 9 && fs_attention_sm90_covers(p, props.sm_count);
     cudaError_t err = hopper ? fs_attention_sm90(p, device, (cudaStream_t)stream, plan ? &pl : NULL)
@@ -170,14 +177,8 @@ int fs_gemm_force_sm80;
 static int gemm_launch(const fs_gemm_params *p, int device, uintptr_t stream, PyObject **plan)
 {
     fs_gpu_props props;
-    if (fs_gpu_props_get(device, &props) < 0) return -1;
-    if (props.major < 8) {
-        PyErr_Format(PyExc_ValueError, "flashsci: CUDA linear needs compute capability 8.0 or newer; device %d (%s) is %d.%d",
-                     device, props.name, props.major, props.minor);
-        return -1;
-    }
     int prev;
-    if (fs_gpu_device_enter(device, &prev) < 0) return -1;
+    if (launch_begin(device, "linear", &props, &prev) < 0) return -1;
     fs_gemm_plan pl;
     const int hopper = props.major == 9 && fs_gemm_sm90_built() && !fs_gemm_force_sm80;
     cudaError_t err = hopper ? fs_gemm_sm90(p, device, props.sm_count, (cudaStream_t)stream, plan ? &pl : NULL)

@@ -184,11 +184,8 @@ static int check_bias(const fs_tensor *b, const fs_tensor *x, int64_t N)
  * kernel with the GIL released. */
 static int run_gemm(fs_state *st, const fs_gemm_params *p, fs_tensor *const *arrays, int n, uintptr_t stream)
 {
-    if (arrays[0]->is_cuda) {
-        for (int i = 0; i < n; i++)
-            if (arrays[i]->has_stream && fs_gpu_stream_wait(stream, arrays[i]->stream, arrays[0]->device) < 0) return -1;
-        return fs_gpu_gemm(p, arrays[0]->device, stream);
-    }
+    if (arrays[0]->is_cuda)
+        return fs_wait_producers(arrays, n, stream) < 0 ? -1 : fs_gpu_gemm(p, arrays[0]->device, stream);
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = fs_gemm_cpu(p, st->num_threads);
@@ -267,23 +264,15 @@ static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg,
     oshape[tx.ndim - 1] = N;
     int64_t ldy;
     if (out_arg != Py_None) {
-        fs_tensor *const inputs[3] = {&tx, &tw, &tw2};
-        static const char *const names[3] = {"x", "weight", "w_up"};
-        const char *const in_names[3] = {names[0], wname, names[2]};
+        fs_tensor *inputs[4] = {&tx, &tw};
+        const char *in_names[4] = {"x", wname};
+        int n_in = 2;
+        if (tw2.data) { inputs[n_in] = &tw2; in_names[n_in++] = "w_up"; }
+        if (tb.data) { inputs[n_in] = &tb; in_names[n_in++] = "bias"; }
         int64_t rows;
         if (fs_tensor_import(st, out_arg, "out", stream, FS_ROUTE_AUTO, FS_FLOATS, &to) < 0 ||
-            fs_check_out(&to, inputs, in_names, swiglu && !packed ? 3 : 2, oshape, tx.ndim, out_dtype) < 0 ||
-            as_rows(&to, "out", &rows, &ldy) < 0)
+            fs_check_out(&to, inputs, in_names, n_in, oshape, tx.ndim, out_dtype) < 0 || as_rows(&to, "out", &rows, &ldy) < 0)
             goto done;
-        if (bias_arg != Py_None) {
-            uintptr_t lo, hi, olo, ohi;
-            fs_byte_extent(&tb, &lo, &hi);
-            fs_byte_extent(&to, &olo, &ohi);
-            if (lo < ohi && olo < hi) {
-                PyErr_SetString(PyExc_ValueError, "out overlaps bias in memory; flashsci cannot write its result over an input");
-                goto done;
-            }
-        }
         out = Py_NewRef(out_arg);
     } else {
         if (out_dtype == FS_BF16 && tx.source == FS_SRC_NUMPY) {
@@ -315,10 +304,6 @@ static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg,
     p.out_dtype = out_dtype;
     p.act = act;
     p.swiglu = swiglu;
-    if (p.ldw < K && N > 1) {
-        PyErr_Format(PyExc_ValueError, "%s: row stride %lld is below in_features %lld", wname, (long long)p.ldw, (long long)K);
-        goto done;
-    }
     fs_tensor *const arrays[5] = {&tx, &tw, &tw2, &tb, &to};
     if (run_gemm(st, &p, arrays, 5, stream) < 0) goto done;
     result = Py_NewRef(out);

@@ -485,3 +485,14 @@ fail:
     Py_XDECREF(strides);
     return NULL;
 }
+
+/* Order stream after the streams that CUDA arrays among arrays[0..n) named as their producers (CUDA array
+ * interface v3 'stream'); nothing for CPU arrays. */
+int fs_wait_producers(fs_tensor *const *arrays, int n, uintptr_t stream)
+{
+    for (int i = 0; i < n; i++)
+        if (arrays[i]->is_cuda && arrays[i]->has_stream &&
+            fs_gpu_stream_wait(stream, arrays[i]->stream, arrays[i]->device) < 0)
+            return -1;
+    return 0;
+}
