@@ -1,0 +1,105 @@
+"""flashsci in HF transformers protein models, one call:
+
+    from flashsci.integrations import patch
+    model = EsmModel.from_pretrained(...).half().cuda().eval()
+    patch(model)                 # same outputs, packed tokens, fused kernels; unpatch(model) undoes it
+
+patch() finds every EsmModel (ESM2: EsmModel, EsmForMaskedLM, ...) and every encoder T5Stack (ProtT5:
+T5EncoderModel, T5Model's encoder) inside model and gives it a forward that unpads the batch once, runs
+each layer on packed tokens with flashsci kernels and pads once at the end. Calls it does not cover
+(hidden states of every layer, attention maps, custom position ids, decoders, gradients) go to the stock
+forward, whose attention is then flashsci's through transformers' attention-function registry
+(attn_implementation="fsci") when the installed transformers has one. Import torch lazily: this
+module is imported only by those who use it.
+"""
+import types
+
+import torch
+
+from .. import _flashsci
+from . import esm, t5
+
+# The registry name: transformers treats any name containing "flash" as a FlashAttention kernel to import.
+NAME = "fsci"
+
+
+def _registry_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_bias=None,
+                        **kwargs):
+    """transformers AttentionInterface function: (B, H, S, D) in, (B, S, H, D) out, as sdpa's; the padding mask
+    comes as (B, Sk) from the mask function registered beside it, T5's position bias as an additive bias.
+    Where autograd or dropout is needed it hands over to transformers' sdpa (flashsci is forward only)."""
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if needs_grad or (dropout > 0 and module.training) or kwargs.get("output_attentions"):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        if attention_mask is not None and attention_mask.dim() == 2:
+            attention_mask = attention_mask[:, None, None, :].bool()
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      position_bias=position_bias, **kwargs)
+    mask = None if attention_mask is None else attention_mask.bool()
+    out = _flashsci.attention(query, key, value, scale=scaling, key_padding_mask=mask, bias=position_bias,
+                              causal=bool(getattr(module, "is_causal", False)) and query.shape[2] > 1)
+    return out.transpose(1, 2), None
+
+
+def register():
+    """Register NAME in transformers' attention and mask registries; False where they do not exist."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    except ImportError:
+        return False
+    AttentionInterface.register(NAME, _registry_attention)
+    AttentionMaskInterface.register(NAME, flash_attention_mask)
+    return True
+
+
+def _targets(model):
+    """(module, fast forward, prepare) for every EsmModel and encoder T5Stack in model."""
+    from transformers.models.esm.modeling_esm import EsmModel
+    from transformers.models.t5.modeling_t5 import T5Stack
+    found = []
+    for m in model.modules():
+        if isinstance(m, EsmModel):
+            found.append((m, esm.forward, esm.prepare))
+        elif isinstance(m, T5Stack) and not m.config.is_decoder:
+            found.append((m, t5.forward, t5.prepare))
+    return found
+
+
+def patch(model):
+    """Make model's ESM / T5-encoder parts run on flashsci; returns model. Patch after moving the model to its
+    device and dtype (fp16/bf16 on CUDA; any float dtype on the CPU): .to() after patch() undoes the q/k/v fusion
+    (still correct, one concatenation per layer per call)."""
+    targets = _targets(model)
+    if not targets:
+        raise TypeError(f"flashsci.integrations.patch takes HF transformers ESM (EsmModel, EsmForMaskedLM, ...) or T5 "
+                        f"encoder (T5EncoderModel, ...) models, got {type(model).__name__}")
+    dtype = next(model.parameters()).dtype
+    if next(model.parameters()).is_cuda and dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"flashsci runs CUDA models in float16 or bfloat16, got a {dtype} model (call .half() first)")
+    for module, _, prepare in targets:
+        prepare(module)
+    if register() and hasattr(model, "set_attn_implementation"):
+        model._flashsci_attn = model.config._attn_implementation
+        model.set_attn_implementation(NAME)
+    for module, fast, _ in targets:
+        if "forward" not in module.__dict__:
+            stock = module.forward
+            module.forward = types.MethodType(lambda self, *a, _f=fast, _s=stock, **k: _f(self, _s, *a, **k), module)
+    return model
+
+
+def unpatch(model):
+    """Give model its stock forwards and attention back; returns model. The fused q/k/v weights stay views of one
+    buffer (same values)."""
+    for module, _, _ in _targets(model):
+        module.__dict__.pop("forward", None)
+    attn = model.__dict__.pop("_flashsci_attn", None)
+    if attn is not None:
+        model.set_attn_implementation(attn)
+    return model
+
+
+def is_patched(model):
+    """Whether patch() has been applied to model (and not undone)."""
+    return any("forward" in m.__dict__ for m, _, _ in _targets(model))

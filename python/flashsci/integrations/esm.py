@@ -1,0 +1,80 @@
+"""ESM2 (HF transformers EsmModel) with flashsci: the batch is unpadded once after the embeddings, every layer
+runs on packed tokens (fused q/k/v GEMM, rotary applied inside the varlen attention kernel, GELU fused into
+fc1), and the result is padded once at the end."""
+import torch
+import torch.nn.functional as F
+
+from .packing import Packed, attention_packed, fuse_rows, linear, packed_linear
+
+
+def prepare(model):
+    """Check that model (an EsmModel) is one the fast path computes exactly; fuse each layer's q/k/v weights."""
+    cfg = model.config
+    kind = getattr(cfg, "position_embedding_type", "absolute")
+    if kind not in ("rotary", "absolute"):
+        raise ValueError(f"flashsci patches ESM models with rotary or absolute positions, got {kind!r}")
+    if kind == "rotary":
+        inv_freq = model.rotary_embeddings.inv_freq.float().cpu()
+        d = inv_freq.numel() * 2
+        base = float(getattr(cfg, "rope_theta", 10000.0))
+        expect = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+        if not torch.allclose(inv_freq, expect, rtol=1e-3, atol=0):
+            raise ValueError(f"the model's rotary inv_freq is not 1/{base:g}^(2i/{d}); flashsci computes that in the kernel")
+    for layer in model.encoder.layer:
+        sa = layer.attention.self
+        fuse_rows([sa.query, sa.key, sa.value])
+
+
+def stock_needed(model, kwargs, position_ids, encoder_hidden_states):
+    """Whether this call asks for something only the stock forward gives: per-layer outputs, attention maps,
+    custom positions, cross-attention, or gradients."""
+    cfg = model.config
+    wants = any(kwargs[k] if kwargs.get(k) is not None else getattr(cfg, k, False)
+                for k in ("output_hidden_states", "output_attentions"))
+    grads = torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
+    return bool(wants or grads or cfg.is_decoder or position_ids is not None or encoder_hidden_states is not None)
+
+
+def layer_forward(layer, x, packed, rotary_base):
+    """One EsmLayer on packed rows x (total, hidden):
+    x += Wo · attn(rotary(q/√d), rotary(k), v) + bo with q, k, v = LN(x) · Wqkvᵀ + bqkv;  x += W2 · gelu(W1 · LN(x) + b1) + b2."""
+    att, sa = layer.attention, layer.attention.self
+    T, hidden = x.shape
+    ln = att.LayerNorm
+    h = F.layer_norm(x, (hidden,), ln.weight, ln.bias, ln.eps)
+    w, b = packed_linear([sa.query, sa.key, sa.value])
+    qkv = linear(h, w, b).view(T, 3, sa.num_attention_heads, sa.attention_head_size)
+    a = attention_packed(qkv, packed, rotary_base=rotary_base)
+    y = linear(a.view(T, hidden), att.output.dense.weight, att.output.dense.bias)
+    x = y.add_(x)
+    ln = layer.LayerNorm
+    h = F.layer_norm(x, (hidden,), ln.weight, ln.bias, ln.eps)
+    f = linear(h, layer.intermediate.dense.weight, layer.intermediate.dense.bias, "gelu")
+    y = linear(f, layer.output.dense.weight, layer.output.dense.bias)
+    return y.add_(x)
+
+
+def forward(model, stock_forward, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
+            encoder_hidden_states=None, encoder_attention_mask=None, **kwargs):
+    """EsmModel.forward on packed tokens; falls back to stock_forward for what it does not cover."""
+    if stock_needed(model, kwargs, position_ids, encoder_hidden_states):
+        return stock_forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             inputs_embeds=inputs_embeds, encoder_hidden_states=encoder_hidden_states,
+                             encoder_attention_mask=encoder_attention_mask, **kwargs)
+    from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+    emb = model.embeddings(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds)
+    packed = Packed(emb, attention_mask)
+    cfg = model.config
+    rotary = float(getattr(cfg, "rope_theta", 10000.0)) if cfg.position_embedding_type == "rotary" else None
+    x = packed.x
+    for layer in model.encoder.layer:
+        x = layer_forward(layer, x, packed, rotary)
+    ln = model.encoder.emb_layer_norm_after
+    if ln is not None:
+        x = F.layer_norm(x, (x.shape[1],), ln.weight, ln.bias, ln.eps)
+    seq = packed.unpack(x)
+    out = BaseModelOutputWithPoolingAndCrossAttentions(
+        last_hidden_state=seq, pooler_output=model.pooler(seq) if model.pooler is not None else None)
+    return out if kwargs.get("return_dict", True) else out.to_tuple()

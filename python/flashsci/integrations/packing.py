@@ -1,0 +1,106 @@
+"""Shared pieces of the patched forwards: unpad a batch once, pad it back once, fuse sibling projections
+into one GEMM, and pick between direct C calls and torch ops (the latter while torch.compile traces)."""
+import torch
+
+from .. import _flashsci, torch_ops  # noqa: F401  (torch_ops registers torch.ops.flashsci)
+
+
+class Packed:
+    """A padded (B, S, ...) batch as FlashAttention's varlen layout: rows of the valid tokens of every sequence,
+    one after the other, with int32 cu_seqlens (B + 1,) and the longest length."""
+
+    def __init__(self, x, attention_mask):
+        """Gather x's valid tokens; attention_mask (B, S) is 1/True for tokens, None for an unpadded batch."""
+        B, S = x.shape[:2]
+        self.shape = x.shape
+        if attention_mask is None:
+            self.index = None
+            lengths = torch.full((B,), S, dtype=torch.int32, device=x.device)
+            self.max_seqlen = S
+            self.x = x.reshape(B * S, *x.shape[2:])
+        else:
+            if attention_mask.shape != (B, S):
+                raise ValueError(f"attention_mask must have shape {(B, S)}, got {tuple(attention_mask.shape)}")
+            keep = attention_mask.reshape(-1).bool()
+            lengths = attention_mask.bool().sum(1, dtype=torch.int32)
+            self.index = keep.nonzero().squeeze(1)
+            self.max_seqlen = int(lengths.max()) if B else 0
+            self.x = x.reshape(B * S, *x.shape[2:]).index_select(0, self.index)
+        self.cu_seqlens = torch.zeros(B + 1, dtype=torch.int32, device=x.device)
+        torch.cumsum(lengths, 0, out=self.cu_seqlens[1:])
+
+    def unpack(self, y):
+        """The rows y (total, ...) back in the padded (B, S, ...) shape; padded positions are zeros."""
+        B, S = self.shape[:2]
+        if self.index is None:
+            return y.reshape(B, S, *y.shape[1:])
+        out = y.new_zeros((B * S, *y.shape[1:]))
+        out.index_copy_(0, self.index, y)
+        return out.reshape(B, S, *y.shape[1:])
+
+
+def fuse_rows(linears):
+    """Make the weights (and biases) of sibling nn.Linear layers views of one packed [sum N, K] buffer, so one
+    GEMM computes all of them; the parameters keep their names, shapes and values."""
+    for name in ("weight", "bias"):
+        params = [getattr(m, name) for m in linears]
+        if params[0] is None or adjacent(params) is not None:
+            continue
+        packed = torch.cat([p.detach() for p in params])
+        offset = 0
+        for m, p in zip(linears, params):
+            view = packed[offset:offset + p.shape[0]]
+            setattr(m, name, torch.nn.Parameter(view, requires_grad=p.requires_grad))
+            offset += p.shape[0]
+
+
+def adjacent(tensors):
+    """The one tensor whose rows are the given contiguous tensors back to back in memory (a view, no copy), or
+    None when they are not laid out that way (e.g. after a .to() that re-allocated them)."""
+    first = tensors[0]
+    rows = 0
+    for t in tensors:
+        if (not t.is_contiguous() or t.dtype != first.dtype or t.device != first.device or t.shape[1:] != first.shape[1:]
+                or t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or t.storage_offset() != first.storage_offset() + rows * first[0].numel()):
+            return None
+        rows += t.shape[0]
+    return first.detach().as_strided((rows, *first.shape[1:]), first.stride()) if first.dim() > 1 else \
+        first.detach().as_strided((rows,), (1,))
+
+
+def packed_linear(linears):
+    """(weight, bias) of sibling layers as one [sum N, K] weight: the fused view, or a concatenation."""
+    w = adjacent([m.weight for m in linears])
+    if w is None:
+        w = torch.cat([m.weight for m in linears])
+    if linears[0].bias is None:
+        return w, None
+    b = adjacent([m.bias for m in linears])
+    return w, (b if b is not None else torch.cat([m.bias for m in linears]))
+
+
+def linear(x, weight, bias=None, activation=None):
+    """flashsci.linear; the torch op while torch.compile traces (no graph break), else the C call (no dispatcher)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.flashsci.linear(x, weight, bias, activation)
+    return _flashsci.linear(x, weight, bias, activation=activation)
+
+
+def swiglu(x, w_gate, w_up=None):
+    """flashsci.swiglu, as linear() picks its entry point."""
+    if torch.compiler.is_compiling():
+        return torch.ops.flashsci.swiglu(x, w_gate, w_up)
+    return _flashsci.swiglu(x, w_gate, w_up)
+
+
+def attention_packed(qkv, packed, scale=None, rotary_base=None, t5=None):
+    """Self-attention over a Packed batch from one fused projection qkv (total, 3, H, D); returns (total, H, D).
+    t5 = (table (H, buckets), buckets, max_distance, bidirectional) or None."""
+    q, k, v = qkv.unbind(1)
+    cu, n = packed.cu_seqlens, packed.max_seqlen
+    if torch.compiler.is_compiling():
+        table, buckets, dist, bidir = t5 if t5 is not None else (None, 32, 128, True)
+        return torch.ops.flashsci.attention_varlen(q, k, v, cu, cu, n, n, False, scale, table, buckets, dist, bidir,
+                                                   rotary_base)
+    return _flashsci.attention_varlen(q, k, v, cu, cu, n, n, scale=scale, rotary=rotary_base, t5_bias=t5)

@@ -1,0 +1,73 @@
+"""ProtT5 / T5 encoders (HF transformers T5Stack, as in T5EncoderModel) with flashsci: unpadded once, every
+block on packed tokens (fused q/k/v GEMM, the relative-position bias computed inside the varlen attention
+kernel from the (H, buckets) table, the activation fused into wi), padded once at the end."""
+import torch
+import torch.nn.functional as F
+
+from .esm import stock_needed
+from .packing import Packed, attention_packed, fuse_rows, linear, packed_linear, swiglu
+
+# T5's dense_act_fn names → flashsci.linear activations (T5's "gelu" is the erf form, "gelu_new" the tanh one).
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "silu": "silu", "swish": "silu"}
+
+
+def prepare(stack):
+    """Check that stack (an encoder T5Stack) is one the fast path computes exactly; fuse q/k/v weights."""
+    act = stack.config.dense_act_fn
+    if act not in ACTIVATIONS:
+        raise ValueError(f"flashsci patches T5 with activations {sorted(ACTIVATIONS)}, got {act!r}")
+    for block in stack.block:
+        sa = block.layer[0].SelfAttention
+        fuse_rows([sa.q, sa.k, sa.v])
+
+
+def rms_norm(norm, x):
+    """T5LayerNorm: x / rms(x) · weight, the mean square taken in float32."""
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+
+
+def feed_forward(ff, h, act):
+    """T5DenseActDense wo · act(wi · h), or the gated T5DenseGatedActDense wo · (act(wi_0 · h) ⊙ wi_1 · h)."""
+    if hasattr(ff, "wi"):
+        return linear(linear(h, ff.wi.weight, None, act), ff.wo.weight)
+    if act == "silu":
+        return linear(swiglu(h, ff.wi_0.weight, ff.wi_1.weight), ff.wo.weight)
+    return linear(linear(h, ff.wi_0.weight, None, act).mul_(linear(h, ff.wi_1.weight)), ff.wo.weight)
+
+
+def block_forward(block, x, packed, t5, act):
+    """One encoder T5Block on packed rows x (total, d_model), no attention scaling:
+    x += Wo · attn(q, k, v; + T5 bias) with q, k, v = RMS(x) · Wqkvᵀ;  x += FF(RMS(x))."""
+    sa_layer, ff_layer = block.layer[0], block.layer[-1]
+    sa = sa_layer.SelfAttention
+    T = x.shape[0]
+    h = rms_norm(sa_layer.layer_norm, x)
+    w, _ = packed_linear([sa.q, sa.k, sa.v])
+    qkv = linear(h, w).view(T, 3, sa.n_heads, sa.key_value_proj_dim)
+    a = attention_packed(qkv, packed, scale=1.0, t5=t5)
+    x = linear(a.view(T, sa.inner_dim), sa.o.weight).add_(x)
+    return feed_forward(ff_layer.DenseReluDense, rms_norm(ff_layer.layer_norm, x), act).add_(x)
+
+
+def forward(stack, stock_forward, input_ids=None, attention_mask=None, encoder_hidden_states=None,
+            encoder_attention_mask=None, inputs_embeds=None, past_key_values=None, use_cache=None, **kwargs):
+    """T5Stack.forward (encoder) on packed tokens; falls back to stock_forward for what it does not cover."""
+    if stock_needed(stack, kwargs, None, encoder_hidden_states) or use_cache:
+        return stock_forward(input_ids=input_ids, attention_mask=attention_mask,
+                             encoder_hidden_states=encoder_hidden_states, encoder_attention_mask=encoder_attention_mask,
+                             inputs_embeds=inputs_embeds, past_key_values=past_key_values, use_cache=use_cache, **kwargs)
+    from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+    emb = stack.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+    packed = Packed(emb, attention_mask)
+    sa0 = stack.block[0].layer[0].SelfAttention
+    t5 = (sa0.relative_attention_bias.weight.t(), sa0.relative_attention_num_buckets,
+          sa0.relative_attention_max_distance, True)
+    act = ACTIVATIONS[stack.config.dense_act_fn]
+    x = packed.x
+    for block in stack.block:
+        x = block_forward(block, x, packed, t5, act)
+    out = BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=packed.unpack(rms_norm(stack.final_layer_norm, x)))
+    return out if kwargs.get("return_dict", True) else out.to_tuple()
