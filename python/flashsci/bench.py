@@ -5,6 +5,7 @@
     python -m flashsci.bench --sets seed --out benchmarks/results
     python -m flashsci.bench --sets features        # protein options vs torch on real UniProt lengths
     python -m flashsci.bench --sets linear          # fused linear / SwiGLU vs torch GEMMs (bench_linear.py)
+    python -m flashsci.bench --e2e                  # HF ESM2 / ProtT5 stock vs patched, proteins/s (bench_e2e.py)
 
 On the GPU every config is timed in one run for flashsci and torch SDPA (default, and each backend: flash,
 cudnn, efficient): kernel time by CUDA-graph replay over input sets that together exceed the L2, per-call
@@ -284,9 +285,19 @@ def main(argv=None):
     ap.add_argument("--head-dim", type=int, default=None, help="only configs with this head dim")
     ap.add_argument("--out", default=None, help="folder for JSON + markdown results")
     ap.add_argument("--cpu", action="store_true", help="run the CPU benchmark even when a GPU is present")
+    ap.add_argument("--e2e", action="store_true", help="only the end-to-end model benchmark (bench_e2e.py)")
+    ap.add_argument("--e2e-proteins", type=int, default=2000, help="proteins in the e2e sample")
+    ap.add_argument("--e2e-models", default=None, help="comma-separated subset of ESM2-650M,ESM2-3B,ProtT5-XL")
+    ap.add_argument("--e2e-layers", type=int, default=None, help="override the layer count (quick checks)")
     args = ap.parse_args(argv)
     sets = set(args.sets.split(","))
-    if _gpu_ready() and not args.cpu:
+    if args.e2e:
+        if not _gpu_ready():
+            sys.exit("the end-to-end benchmark needs a CUDA device, torch and transformers")
+        from flashsci.bench_e2e import run_e2e
+        run_e2e(args.dtype, args.out, args.fasta, args.e2e_proteins,
+                args.e2e_models.split(",") if args.e2e_models else None, layers=args.e2e_layers)
+    elif _gpu_ready() and not args.cpu:
         if sets - {"features", "linear"}:
             run_gpu(sets, args.dtype, args.out, args.head_dim)
         if "linear" in sets:

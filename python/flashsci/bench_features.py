@@ -23,23 +23,29 @@ TOKENS = 16384
 FASTA = ["data/uniprot20k.fasta.gz", "../shared/data/uniprot20k.fasta.gz", "/usr/share/mmseqs2/examples/uniprot20k.fasta.gz"]
 
 
-def read_lengths(path=None):
-    """Residue counts of every record in a (gzipped) FASTA file."""
+def read_fasta(path=None):
+    """(path, sequences) of every record in a (gzipped) FASTA file, in file order."""
     path = path or next((p for p in FASTA if os.path.exists(p)), None)
     if path is None:
         raise FileNotFoundError(f"uniprot20k.fasta.gz not found in {FASTA}; pass --fasta")
-    lengths, n = [], None
+    seqs, parts = [], None
     with gzip.open(path, "rt") as f:
         for line in f:
             if line.startswith(">"):
-                if n is not None:
-                    lengths.append(n)
-                n = 0
-            elif n is not None:
-                n += len(line.strip())
-    if n is not None:
-        lengths.append(n)
-    return path, lengths
+                if parts is not None:
+                    seqs.append("".join(parts))
+                parts = []
+            elif parts is not None:
+                parts.append(line.strip())
+    if parts is not None:
+        seqs.append("".join(parts))
+    return path, seqs
+
+
+def read_lengths(path=None):
+    """(path, residue counts) of every record in a (gzipped) FASTA file."""
+    path, seqs = read_fasta(path)
+    return path, [len(s) for s in seqs]
 
 
 def token_batches(lengths, budget=TOKENS):

@@ -18,7 +18,7 @@ def prepare(model):
         d = inv_freq.numel() * 2
         base = float(getattr(cfg, "rope_theta", 10000.0))
         expect = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
-        if not torch.allclose(inv_freq, expect, rtol=1e-3, atol=0):
+        if not torch.allclose(inv_freq, expect, rtol=4e-3, atol=0):   # also after .to(fp16/bf16) rounded the buffer
             raise ValueError(f"the model's rotary inv_freq is not 1/{base:g}^(2i/{d}); flashsci computes that in the kernel")
     for layer in model.encoder.layer:
         sa = layer.attention.self
@@ -45,13 +45,11 @@ def layer_forward(layer, x, packed, rotary_base):
     w, b = packed_linear([sa.query, sa.key, sa.value])
     qkv = linear(h, w, b).view(T, 3, sa.num_attention_heads, sa.attention_head_size)
     a = attention_packed(qkv, packed, rotary_base=rotary_base)
-    y = linear(a.view(T, hidden), att.output.dense.weight, att.output.dense.bias)
-    x = y.add_(x)
+    x = linear(a.view(T, hidden), att.output.dense.weight, att.output.dense.bias, residual=x)
     ln = layer.LayerNorm
     h = F.layer_norm(x, (hidden,), ln.weight, ln.bias, ln.eps)
     f = linear(h, layer.intermediate.dense.weight, layer.intermediate.dense.bias, "gelu")
-    y = linear(f, layer.output.dense.weight, layer.output.dense.bias)
-    return y.add_(x)
+    return linear(f, layer.output.dense.weight, layer.output.dense.bias, residual=x)
 
 
 def forward(model, stock_forward, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,

@@ -80,11 +80,11 @@ def packed_linear(linears):
     return w, (b if b is not None else torch.cat([m.bias for m in linears]))
 
 
-def linear(x, weight, bias=None, activation=None):
+def linear(x, weight, bias=None, activation=None, residual=None):
     """flashsci.linear; the torch op while torch.compile traces (no graph break), else the C call (no dispatcher)."""
     if torch.compiler.is_compiling():
-        return torch.ops.flashsci.linear(x, weight, bias, activation)
-    return _flashsci.linear(x, weight, bias, activation=activation)
+        return torch.ops.flashsci.linear(x, weight, bias, activation, residual)
+    return _flashsci.linear(x, weight, bias, activation=activation, residual=residual)
 
 
 def swiglu(x, w_gate, w_up=None):

@@ -27,13 +27,15 @@ def rms_norm(norm, x):
     return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
 
 
-def feed_forward(ff, h, act):
-    """T5DenseActDense wo · act(wi · h), or the gated T5DenseGatedActDense wo · (act(wi_0 · h) ⊙ wi_1 · h)."""
+def feed_forward(ff, h, act, x):
+    """x + T5DenseActDense wo · act(wi · h), or x + the gated T5DenseGatedActDense wo · (act(wi_0 · h) ⊙ wi_1 · h)."""
     if hasattr(ff, "wi"):
-        return linear(linear(h, ff.wi.weight, None, act), ff.wo.weight)
-    if act == "silu":
-        return linear(swiglu(h, ff.wi_0.weight, ff.wi_1.weight), ff.wo.weight)
-    return linear(linear(h, ff.wi_0.weight, None, act).mul_(linear(h, ff.wi_1.weight)), ff.wo.weight)
+        g = linear(h, ff.wi.weight, None, act)
+    elif act == "silu":
+        g = swiglu(h, ff.wi_0.weight, ff.wi_1.weight)
+    else:
+        g = linear(h, ff.wi_0.weight, None, act).mul_(linear(h, ff.wi_1.weight))
+    return linear(g, ff.wo.weight, residual=x)
 
 
 def block_forward(block, x, packed, t5, act):
@@ -46,8 +48,8 @@ def block_forward(block, x, packed, t5, act):
     w, _ = packed_linear([sa.q, sa.k, sa.v])
     qkv = linear(h, w).view(T, 3, sa.n_heads, sa.key_value_proj_dim)
     a = attention_packed(qkv, packed, scale=1.0, t5=t5)
-    x = linear(a.view(T, sa.inner_dim), sa.o.weight).add_(x)
-    return feed_forward(ff_layer.DenseReluDense, rms_norm(ff_layer.layer_norm, x), act).add_(x)
+    x = linear(a.view(T, sa.inner_dim), sa.o.weight, residual=x)
+    return feed_forward(ff_layer.DenseReluDense, rms_norm(ff_layer.layer_norm, x), act, x)
 
 
 def forward(stack, stock_forward, input_ids=None, attention_mask=None, encoder_hidden_states=None,

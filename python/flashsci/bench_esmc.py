@@ -1,0 +1,100 @@
+"""An ESM-C-shaped encoder for the end-to-end benchmark (the `esm` package is not installable here): ESM-C
+600M's dims (d_model 1152, 18 heads, 36 layers, SwiGLU hidden 3072), pre-LayerNorm blocks with a fused
+bias-free qkv projection, LayerNorm on the full q and k (ESM-C's q_ln / k_ln), rotary embeddings
+(rotate_half, base 10000), SDPA, and a SwiGLU FFN (packed [2N, K] weight, gate rows first).
+
+`forward` runs it the stock way (padded batch, torch SDPA with a key padding mask); with `use_flashsci` set
+it runs the same weights on packed tokens: flashsci.linear for the projections, attention_varlen with the
+rotary inside the kernel, and flashsci.swiglu for the FFN's first GEMM.
+"""
+import math
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flashsci.integrations.packing import Packed, attention_packed, linear, swiglu
+
+ESMC_600M = dict(vocab=64, d_model=1152, heads=18, layers=36, hidden=3072)
+
+
+def rotary(x, base=10000.0):
+    """ESM-C's rotary on (B, S, H, D): positions 0..S-1, cos/sin in float32, applied in x's dtype."""
+    S, D = x.shape[1], x.shape[3]
+    inv_freq = 1.0 / base ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
+    freqs = torch.outer(torch.arange(S, device=x.device, dtype=torch.float32), inv_freq)
+    cos = torch.cat([freqs.cos()] * 2, -1).to(x.dtype)[None, :, None]
+    sin = torch.cat([freqs.sin()] * 2, -1).to(x.dtype)[None, :, None]
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class Block(nn.Module):
+    """One ESM-C block: x += out(attn(rot(q_ln(q)), rot(k_ln(k)), v)); x += down(swiglu(up(LN(x))))."""
+
+    def __init__(self, d, heads, hidden):
+        super().__init__()
+        self.heads = heads
+        self.ln_qkv = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.q_ln = nn.LayerNorm(d, bias=False)
+        self.k_ln = nn.LayerNorm(d, bias=False)
+        self.out = nn.Linear(d, d, bias=False)
+        self.ln_ffn = nn.LayerNorm(d)
+        self.up = nn.Linear(d, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x, mask):
+        """Stock: padded x (B, S, d), key padding mask (B, 1, 1, S) bool."""
+        B, S, d = x.shape
+        q, k, v = self.qkv(self.ln_qkv(x)).chunk(3, -1)
+        q, k = self.q_ln(q), self.k_ln(k)
+        q, k, v = (t.reshape(B, S, self.heads, -1) for t in (q, k, v))
+        q, k = rotary(q), rotary(k)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+        x = x + self.out(a.transpose(1, 2).reshape(B, S, d))
+        g, u = self.up(self.ln_ffn(x)).chunk(2, -1)
+        return x + self.down(F.silu(g) * u)
+
+    def forward_packed(self, x, packed):
+        """flashsci: packed rows x (total, d)."""
+        T, d = x.shape
+        ln = self.ln_qkv
+        qkv = linear(F.layer_norm(x, (d,), ln.weight, ln.bias, ln.eps), self.qkv.weight).view(T, 3, d)
+        qkv[:, 0] = F.layer_norm(qkv[:, 0], (d,), self.q_ln.weight, None, self.q_ln.eps)
+        qkv[:, 1] = F.layer_norm(qkv[:, 1], (d,), self.k_ln.weight, None, self.k_ln.eps)
+        qkv = qkv.view(T, 3, self.heads, d // self.heads)
+        a = attention_packed(qkv, packed, rotary_base=10000.0)
+        x = linear(a.view(T, d), self.out.weight, residual=x)
+        ln = self.ln_ffn
+        h = swiglu(F.layer_norm(x, (d,), ln.weight, ln.bias, ln.eps), self.up.weight)
+        return linear(h, self.down.weight, residual=x)
+
+
+class EsmCLike(nn.Module):
+    """Embedding, blocks, final LayerNorm; forward(input_ids, attention_mask) -> .last_hidden_state, as HF's."""
+
+    def __init__(self, vocab, d_model, heads, layers, hidden):
+        super().__init__()
+        self.config = SimpleNamespace(pad_token_id=1)
+        self.embed = nn.Embedding(vocab, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, heads, hidden) for _ in range(layers))
+        self.norm = nn.LayerNorm(d_model, bias=False)
+        self.use_flashsci = False
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02 if "embed" in name else 1 / math.sqrt(p.shape[1]))
+
+    def forward(self, input_ids, attention_mask):
+        x = self.embed(input_ids)
+        if self.use_flashsci:
+            packed = Packed(x, attention_mask)
+            y = packed.x
+            for blk in self.blocks:
+                y = blk.forward_packed(y, packed)
+            return SimpleNamespace(last_hidden_state=packed.unpack(self.norm(y)))
+        mask = attention_mask.bool()[:, None, None, :]
+        for blk in self.blocks:
+            x = blk(x, mask)
+        return SimpleNamespace(last_hidden_state=self.norm(x))
