@@ -52,11 +52,20 @@ FS_DEV float2 gemm_load_pair(const void *base, fs_dtype dt, int64_t i)
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u));
 }
 
+/* The residual at (row, col) and (row, col + 1), or zeros without one or outside the output. Kernels load a
+ * chunk of these before storing the chunk: the residual may be the output itself, so a load placed after a
+ * store could not be moved above it, and every load would wait out its full latency. */
+FS_DEV float2 gemm_residual_pair(const fs_gemm_params &p, int row, int col)
+{
+    if (!p.residual || row >= p.M || col >= p.N) return make_float2(0.f, 0.f);
+    return gemm_load_pair(p.residual, p.out_dtype, (int64_t)row * p.ldr + col);
+}
+
 /* Finish output elements (row, col) and (row, col + 1) from accumulators v0, v1 (bias included; with SwiGLU:
- * gate values, u0, u1 the up values), add the residual, and store them; col is even and N is a multiple of 8,
- * so both exist when col < N. The residual is read before the store, so it may be the output itself. */
+ * gate values, u0, u1 the up values), add the residual values r, and store them; col is even and N is a
+ * multiple of 8, so both exist when col < N. */
 template <bool SWIGLU, fs_activation ACT>
-FS_DEV void gemm_store_pair(const fs_gemm_params &p, int row, int col, float v0, float v1, float u0, float u1)
+FS_DEV void gemm_store_pair(const fs_gemm_params &p, int row, int col, float v0, float v1, float u0, float u1, float2 r)
 {
     if (row >= p.M || col >= p.N) return;
     if (SWIGLU) {
@@ -66,11 +75,8 @@ FS_DEV void gemm_store_pair(const fs_gemm_params &p, int row, int col, float v0,
         v0 = gemm_activate<ACT>(v0);
         v1 = gemm_activate<ACT>(v1);
     }
-    if (p.residual) {
-        const float2 r = gemm_load_pair(p.residual, p.out_dtype, (int64_t)row * p.ldr + col);
-        v0 += r.x;
-        v1 += r.y;
-    }
+    v0 += r.x;
+    v1 += r.y;
     const int64_t i = (int64_t)row * p.ldy + col;
     if (p.out_dtype == FS_F32) *reinterpret_cast<float2 *>(static_cast<float *>(p.y) + i) = make_float2(v0, v1);
     else if (p.out_dtype == FS_F16) *reinterpret_cast<uint32_t *>(static_cast<__half *>(p.y) + i) = pack2<__half>(v0, v1);
