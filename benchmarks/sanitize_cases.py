@@ -1,7 +1,7 @@
 """A representative set of attention launches for compute-sanitizer (memcheck, racecheck):
 every head dim, both dtypes, tails, causal, bshd strides, the split-KV + combine path, lse; then the
 protein options (padding mask with tile skipping, seqlens, bias, T5, rotary, varlen incl. empty sequences);
-then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every epilogue, residual).
+then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every epilogue).
 SANITIZE_ONLY=linear runs the GEMM cases alone."""
 import os
 
@@ -34,8 +34,6 @@ for kernel in ("auto", "sm80"):  # linear / swiglu: M, N, K tails, strided x row
         w = torch.randn(n, k_, device=dev, dtype=torch.bfloat16)
         flashsci.linear(x, w, torch.randn(n, device=dev), **kw)
         flashsci.swiglu(x, torch.randn(2 * n, k_, device=dev, dtype=torch.bfloat16))
-        r = torch.randn(m, n + 8, device=dev, dtype=kw.get("out_dtype", torch.bfloat16))[:, :n]
-        flashsci.linear(x, w, residual=r, out=r, **kw)          # residual epilogue, in place, strided rows
     flashsci.linear(torch.randn(2048, 256, device=dev, dtype=f16), torch.randn(2304, 256, device=dev, dtype=f16))  # 128x256 tiles
     flashsci.linear(torch.randn(256, 256, device=dev, dtype=f16), torch.randn(10240, 256, device=dev, dtype=f16),
                     torch.randn(10240, device=dev, dtype=f16), activation="gelu")  # 128x192 tiles

@@ -1,4 +1,4 @@
-/* flashsci.linear(x, weight, bias=None, *, activation, residual, out, out_dtype, stream) and
+/* flashsci.linear(x, weight, bias=None, *, activation, out, out_dtype, stream) and
  * flashsci.swiglu(x, w_gate, w_up=None, *, out, out_dtype, stream): argument parsing, the checks that
  * turn bad input into clear errors, output allocation in the caller's framework, and dispatch to the C
  * CPU kernel or the CUDA kernels. */
@@ -180,27 +180,6 @@ static int check_bias(const fs_tensor *b, const fs_tensor *x, int64_t N)
     return 0;
 }
 
-/* residual: the result's shape and dtype, on x's device, rows as as_rows takes them (16-byte rows on CUDA).
- * Sets *ldr to its row stride. */
-static int check_residual(const fs_tensor *r, const fs_tensor *x, const int64_t *oshape, int ndim, fs_dtype out_dtype,
-                          int64_t *ldr)
-{
-    char b1[160], b2[160];
-    int64_t rows;
-    if (fs_check_aux(r, "residual", x) < 0) return -1;
-    if (r->ndim != ndim || memcmp(r->shape, oshape, ndim * sizeof *oshape)) {
-        PyErr_Format(PyExc_ValueError, "residual has shape %s but the result has shape %s", fs_shape_str(r->shape, r->ndim, b1, sizeof b1),
-                     fs_shape_str(oshape, ndim, b2, sizeof b2));
-        return -1;
-    }
-    if (r->dtype != out_dtype) {
-        PyErr_Format(PyExc_TypeError, "residual must have the result's dtype %s, got %s", fs_dtype_name(out_dtype),
-                     fs_dtype_name(r->dtype));
-        return -1;
-    }
-    return as_rows(r, "residual", &rows, ldr) < 0 || fs_check_alignment(r, "residual", ndim - 1) < 0 ? -1 : 0;
-}
-
 /* Run checked parameters: the CUDA kernels on stream (after the streams the arrays named), else the CPU
  * kernel with the GIL released. */
 static int run_gemm(fs_state *st, const fs_gemm_params *p, fs_tensor *const *arrays, int n, uintptr_t stream)
@@ -218,15 +197,15 @@ static int run_gemm(fs_state *st, const fs_gemm_params *p, fs_tensor *const *arr
 /* The shared body of linear() and swiglu(): w2_arg NULL for linear; packed SwiGLU when swiglu and w2_arg
  * is None. */
 static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg, PyObject *w_arg, PyObject *w2_arg,
-                           PyObject *bias_arg, fs_activation act, int swiglu, PyObject *res_arg, PyObject *out_arg,
-                           PyObject *dtype_arg, PyObject *stream_arg)
+                           PyObject *bias_arg, fs_activation act, int swiglu, PyObject *out_arg, PyObject *dtype_arg,
+                           PyObject *stream_arg)
 {
     fs_state *st = fs_get_state(module);
-    fs_tensor tx, tw, tw2, tb, tr, to;
-    fs_tensor *const all[6] = {&tx, &tw, &tw2, &tb, &tr, &to};
+    fs_tensor tx, tw, tw2, tb, to;
+    fs_tensor *const all[5] = {&tx, &tw, &tw2, &tb, &to};
     PyObject *out = NULL, *result = NULL;
     uintptr_t stream = 0;
-    for (int i = 0; i < 6; i++) memset(all[i], 0, sizeof *all[i]);
+    for (int i = 0; i < 5; i++) memset(all[i], 0, sizeof *all[i]);
     const char *wname = swiglu ? "w_gate" : "weight";
     const int packed = swiglu && w2_arg == Py_None;
 
@@ -283,23 +262,16 @@ static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg,
     int64_t oshape[FS_MAX_NDIM];
     memcpy(oshape, tx.shape, sizeof(int64_t) * tx.ndim);
     oshape[tx.ndim - 1] = N;
-    int64_t ldy, ldr = 0;
-    if (res_arg != Py_None && (fs_tensor_import(st, res_arg, "residual", stream, FS_ROUTE_AUTO, FS_FLOATS, &tr) < 0 ||
-                               check_residual(&tr, &tx, oshape, tx.ndim, out_dtype, &ldr) < 0))
-        goto done;
+    int64_t ldy;
     if (out_arg != Py_None) {
-        fs_tensor *inputs[5] = {&tx, &tw};
-        const char *in_names[5] = {"x", wname};
+        fs_tensor *inputs[4] = {&tx, &tw};
+        const char *in_names[4] = {"x", wname};
         int n_in = 2;
         if (tw2.data) { inputs[n_in] = &tw2; in_names[n_in++] = "w_up"; }
         if (tb.data) { inputs[n_in] = &tb; in_names[n_in++] = "bias"; }
         int64_t rows;
-        if (fs_tensor_import(st, out_arg, "out", stream, FS_ROUTE_AUTO, FS_FLOATS, &to) < 0) goto done;
-        /* out may be the residual itself (y += ...), element for element; any other overlap is refused */
-        const int in_place = tr.data && tr.data == to.data && tr.ndim == to.ndim &&
-                             !memcmp(tr.strides, to.strides, to.ndim * sizeof *to.strides);
-        if (tr.data && !in_place) { inputs[n_in] = &tr; in_names[n_in++] = "residual"; }
-        if (fs_check_out(&to, inputs, in_names, n_in, oshape, tx.ndim, out_dtype) < 0 || as_rows(&to, "out", &rows, &ldy) < 0)
+        if (fs_tensor_import(st, out_arg, "out", stream, FS_ROUTE_AUTO, FS_FLOATS, &to) < 0 ||
+            fs_check_out(&to, inputs, in_names, n_in, oshape, tx.ndim, out_dtype) < 0 || as_rows(&to, "out", &rows, &ldy) < 0)
             goto done;
         out = Py_NewRef(out_arg);
     } else {
@@ -323,8 +295,6 @@ static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg,
     }
     p.bias = tb.data;
     p.bias_dtype = tb.dtype;
-    p.residual = tr.data;
-    p.ldr = ldr;
     p.y = to.data;
     p.ldy = ldy;
     p.M = (int)M;
@@ -334,24 +304,24 @@ static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg,
     p.out_dtype = out_dtype;
     p.act = act;
     p.swiglu = swiglu;
-    if (run_gemm(st, &p, all, 6, stream) < 0) goto done;
+    fs_tensor *const arrays[5] = {&tx, &tw, &tw2, &tb, &to};
+    if (run_gemm(st, &p, arrays, 5, stream) < 0) goto done;
     result = Py_NewRef(out);
 done:
-    for (int i = 0; i < 6; i++) fs_tensor_release(all[i]);
+    for (int i = 0; i < 5; i++) fs_tensor_release(all[i]);
     Py_XDECREF(out);
     return result;
 }
 
 PyObject *fs_linear(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"x", "weight", "bias", "activation", "residual", "out", "out_dtype", "stream", NULL};
-    PyObject *x, *w, *bias = Py_None, *act_arg = Py_None, *res = Py_None, *out = Py_None, *dtype = Py_None, *stream = Py_None;
+    static char *kwlist[] = {"x", "weight", "bias", "activation", "out", "out_dtype", "stream", NULL};
+    PyObject *x, *w, *bias = Py_None, *act_arg = Py_None, *out = Py_None, *dtype = Py_None, *stream = Py_None;
     fs_activation act;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OOOOO:linear", kwlist, &x, &w, &bias, &act_arg, &res, &out, &dtype,
-                                     &stream))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OOOO:linear", kwlist, &x, &w, &bias, &act_arg, &out, &dtype, &stream))
         return NULL;
     if (parse_activation(act_arg, &act) < 0) return NULL;
-    return gemm_call(module, "linear", x, w, NULL, bias, act, 0, res, out, dtype, stream);
+    return gemm_call(module, "linear", x, w, NULL, bias, act, 0, out, dtype, stream);
 }
 
 PyObject *fs_swiglu(PyObject *module, PyObject *args, PyObject *kwargs)
@@ -360,5 +330,5 @@ PyObject *fs_swiglu(PyObject *module, PyObject *args, PyObject *kwargs)
     PyObject *x, *wg, *wu = Py_None, *out = Py_None, *dtype = Py_None, *stream = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OOO:swiglu", kwlist, &x, &wg, &wu, &out, &dtype, &stream))
         return NULL;
-    return gemm_call(module, "swiglu", x, wg, wu, Py_None, FS_ACT_NONE, 1, Py_None, out, dtype, stream);
+    return gemm_call(module, "swiglu", x, wg, wu, Py_None, FS_ACT_NONE, 1, out, dtype, stream);
 }

@@ -134,8 +134,8 @@ static PyMethodDef module_methods[] = {
      "attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None, "
      "out=None, return_lse=False, stream=None, t5_bias=None, rotary=None)"},
     {"linear", (PyCFunction)(void (*)(void))fs_linear, METH_VARARGS | METH_KEYWORDS,
-     "linear(x, weight, bias=None, *, activation=None, residual=None, out=None, out_dtype=None, stream=None): "
-     "act(x @ weight.T + bias) [+ residual], activation in None, 'relu', 'gelu', 'gelu_tanh', 'silu'"},
+     "linear(x, weight, bias=None, *, activation=None, out=None, out_dtype=None, stream=None): "
+     "act(x @ weight.T + bias), activation in None, 'relu', 'gelu', 'gelu_tanh', 'silu'"},
     {"swiglu", (PyCFunction)(void (*)(void))fs_swiglu, METH_VARARGS | METH_KEYWORDS,
      "swiglu(x, w_gate, w_up=None, *, out=None, out_dtype=None, stream=None): silu(x @ w_gate.T) * (x @ w_up.T); "
      "with w_up None, w_gate is packed (2N, K): gate rows then up rows"},

@@ -14,15 +14,14 @@ extern "C" {
 /* The epilogue activation, applied to x W^T + bias in fp32 before the one store. */
 typedef enum { FS_ACT_NONE = 0, FS_ACT_RELU, FS_ACT_GELU, FS_ACT_GELU_TANH, FS_ACT_SILU, FS_NUM_ACTS } fs_activation;
 
-/* Y = act(X W^T + bias) [+ R], or with swiglu Y = silu(X W^T) * (X W2^T) [+ R]:
+/* Y = act(X W^T + bias), or with swiglu Y = silu(X W^T) * (X W2^T):
  *   X [M, K] rows ldx apart, W and W2 [N, K] (nn.Linear layout) rows ldw / ldw2 apart, bias [N] or NULL,
- *   R (residual) [M, N] rows ldr apart or NULL, Y [M, N] rows ldy apart; R may be Y itself (in place).
- *   Strides in elements, the last dimension contiguous everywhere. X, W, W2 share dtype; Y and R have
- *   out_dtype; accumulation is fp32 (fp64 on the CPU). */
+ *   Y [M, N] rows ldy apart. Strides in elements, the last dimension contiguous everywhere. X, W, W2 share
+ *   dtype; Y has out_dtype; accumulation is fp32 (fp64 on the CPU). */
 typedef struct {
-    const void *x, *w, *w2, *bias, *residual;
+    const void *x, *w, *w2, *bias;
     void *y;
-    int64_t ldx, ldw, ldw2, ldy, ldr;
+    int64_t ldx, ldw, ldw2, ldy;
     int M, N, K;
     fs_dtype dtype, bias_dtype, out_dtype;
     fs_activation act;

@@ -83,16 +83,14 @@ static void gemm_task(void *ctx, int64_t t, void *scratch)
             }
     }
 
-    /* epilogue: y = act(acc + bias), or silu(acc) * acc2; + residual (read before the store: it may be y) */
-    double bias[FS_GEMM_NB], res[FS_GEMM_NB];
+    /* epilogue: y = act(acc + bias), or silu(acc) * acc2 */
+    double bias[FS_GEMM_NB];
     if (p->bias) widen(p->bias, 0, p->bias_dtype, 0, 1, n0, nb, bias);
     const size_t out_item = p->out_dtype == FS_F64 ? 8 : p->out_dtype == FS_F32 ? 4 : 2;
     for (int i = 0; i < mb; i++) {
-        if (p->residual) widen(p->residual, p->ldr, p->out_dtype, m0 + i, 1, n0, nb, res);
         for (int j = 0; j < nb; j++) {
             const double v = acc[i * FS_GEMM_NB + j] + (p->bias ? bias[j] : 0.0);
             row[j] = p->swiglu ? fs_activate(FS_ACT_SILU, v) * acc2[i * FS_GEMM_NB + j] : fs_activate(p->act, v);
-            if (p->residual) row[j] += res[j];
         }
         fs_store_row_d(row, p->out_dtype, (char *)p->y + ((int64_t)(m0 + i) * p->ldy + n0) * out_item, nb);
     }

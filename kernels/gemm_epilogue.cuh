@@ -1,6 +1,6 @@
 /* What every CUDA GEMM kernel does around its main loop (gemm_sm80.cu, gemm_sm90.cu): the order output
  * tiles are visited in, and the epilogue that turns fp32 accumulators into y = act(acc + bias) (or
- * silu(gate) * up), plus an optional residual, in the output dtype with a single store. */
+ * silu(gate) * up) in the output dtype with a single store. */
 #ifndef FLASHSCI_GEMM_EPILOGUE_CUH
 #define FLASHSCI_GEMM_EPILOGUE_CUH
 
@@ -43,29 +43,10 @@ FS_DEV float gemm_acc_init(const fs_gemm_params &p, int col)
     return p.bias_dtype == FS_F16 ? __half2float(__ushort_as_half(b)) : __bfloat162float(__ushort_as_bfloat16(b));
 }
 
-/* Elements i and i + 1 of a float16 / bfloat16 / float32 array widened to float. */
-FS_DEV float2 gemm_load_pair(const void *base, fs_dtype dt, int64_t i)
-{
-    if (dt == FS_F32) return *reinterpret_cast<const float2 *>(static_cast<const float *>(base) + i);
-    const uint32_t u = *reinterpret_cast<const uint32_t *>(static_cast<const uint16_t *>(base) + i);
-    if (dt == FS_F16) return __half22float2(*reinterpret_cast<const __half2 *>(&u));
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u));
-}
-
-/* The residual at (row, col) and (row, col + 1), or zeros without one or outside the output. Kernels load a
- * chunk of these before storing the chunk: the residual may be the output itself, so a load placed after a
- * store could not be moved above it, and every load would wait out its full latency. */
-FS_DEV float2 gemm_residual_pair(const fs_gemm_params &p, int row, int col)
-{
-    if (!p.residual || row >= p.M || col >= p.N) return make_float2(0.f, 0.f);
-    return gemm_load_pair(p.residual, p.out_dtype, (int64_t)row * p.ldr + col);
-}
-
 /* Finish output elements (row, col) and (row, col + 1) from accumulators v0, v1 (bias included; with SwiGLU:
- * gate values, u0, u1 the up values), add the residual values r, and store them; col is even and N is a
- * multiple of 8, so both exist when col < N. */
+ * gate values, u0, u1 the up values) and store them; col is even and N is a multiple of 8, so both exist when col < N. */
 template <bool SWIGLU, fs_activation ACT>
-FS_DEV void gemm_store_pair(const fs_gemm_params &p, int row, int col, float v0, float v1, float u0, float u1, float2 r)
+FS_DEV void gemm_store_pair(const fs_gemm_params &p, int row, int col, float v0, float v1, float u0, float u1)
 {
     if (row >= p.M || col >= p.N) return;
     if (SWIGLU) {
@@ -75,8 +56,6 @@ FS_DEV void gemm_store_pair(const fs_gemm_params &p, int row, int col, float v0,
         v0 = gemm_activate<ACT>(v0);
         v1 = gemm_activate<ACT>(v1);
     }
-    v0 += r.x;
-    v1 += r.y;
     const int64_t i = (int64_t)row * p.ldy + col;
     if (p.out_dtype == FS_F32) *reinterpret_cast<float2 *>(static_cast<float *>(p.y) + i) = make_float2(v0, v1);
     else if (p.out_dtype == FS_F16) *reinterpret_cast<uint32_t *>(static_cast<__half *>(p.y) + i) = pack2<__half>(v0, v1);

@@ -50,21 +50,15 @@ FS_DEV void load_stage(T *tile, RowFn src_row, int k0, int K, const T *any, int 
 template <bool SWIGLU> struct epilogue80 {
     template <fs_activation ACT> FS_DEV void run(const fs_gemm_params &p, const float (&acc)[4][4][4], int row0, int col0)
     {
-        constexpr int NJ = SWIGLU ? 2 : 4;
 #pragma unroll
         for (int mi = 0; mi < 4; mi++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) { /* per row: its residual first (see gemm_residual_pair), then stores */
-                const int row = row0 + mi * 16 + 8 * h;
-                float2 r[NJ];
+            for (int h = 0; h < 2; h++)
 #pragma unroll
-                for (int nj = 0; nj < NJ; nj++) r[nj] = gemm_residual_pair(p, row, col0 + nj * 8);
-#pragma unroll
-                for (int nj = 0; nj < NJ; nj++)
-                    gemm_store_pair<SWIGLU, ACT>(p, row, col0 + nj * 8, acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1],
-                                                 SWIGLU ? acc[mi][nj + 2][2 * h] : 0.f,
-                                                 SWIGLU ? acc[mi][nj + 2][2 * h + 1] : 0.f, r[nj]);
-            }
+                for (int nj = 0; nj < (SWIGLU ? 2 : 4); nj++)
+                    gemm_store_pair<SWIGLU, ACT>(p, row0 + mi * 16 + 8 * h, col0 + nj * 8, acc[mi][nj][2 * h],
+                                                 acc[mi][nj][2 * h + 1], SWIGLU ? acc[mi][nj + 2][2 * h] : 0.f,
+                                                 SWIGLU ? acc[mi][nj + 2][2 * h + 1] : 0.f);
     }
 };
 

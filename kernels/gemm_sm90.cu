@@ -93,18 +93,12 @@ template <int NA, bool SWIGLU> struct epilogue90 {
 #pragma unroll
         for (int c = 0; c < PAIRS; c += CHUNK) {
             asm volatile("" ::: "memory");
-            float2 r[CHUNK];
-#pragma unroll
-            for (int q = c; q < c + CHUNK; q++) {
-                const int i = 2 * q, j = i / 4, h = (i / 2) % 2;
-                r[q - c] = gemm_residual_pair(p, row0 + 8 * h, col0 + 8 * j);
-            }
 #pragma unroll
             for (int q = c; q < c + CHUNK; q++) {
                 const int i = 2 * q, j = i / 4, h = (i / 2) % 2;
                 const float2 b = bias ? *reinterpret_cast<const float2 *>(bias + 8 * j) : make_float2(0.f, 0.f);
                 gemm_store_pair<SWIGLU, ACT>(p, row0 + 8 * h, col0 + 8 * j, acc[i] + b.x, acc[i + 1] + b.y,
-                                             SWIGLU ? acc[i + NA / 2] : 0.f, SWIGLU ? acc[i + NA / 2 + 1] : 0.f, r[q - c]);
+                                             SWIGLU ? acc[i + NA / 2] : 0.f, SWIGLU ? acc[i + NA / 2 + 1] : 0.f);
             }
         }
     }

@@ -46,14 +46,15 @@ def close(a, b, mask, tol=1e-6):
     assert err <= tol, err
 
 
+@pytest.mark.parametrize("plain", ["torch", "flashsci"])
 @pytest.mark.parametrize("kind", ["rotary", "absolute"])
 @pytest.mark.parametrize("lengths", [[7, 19, 1, 12], [9, 9], [5]])
-def test_esm_matches_stock(kind, lengths):
+def test_esm_matches_stock(kind, lengths, plain):
     model = esm(kind)
     ids, mask = batch(lengths, mask_token=32)
     with torch.no_grad():
         ref = model(ids, attention_mask=mask)
-        patch(model)
+        patch(model, plain_linear=plain)
         out = model(ids, attention_mask=mask)
     close(out.last_hidden_state, ref.last_hidden_state, mask)
     assert torch.allclose(out.pooler_output, ref.pooler_output, atol=1e-10)
@@ -131,14 +132,15 @@ def test_unpatch_restores_stock():
     assert torch.allclose(out, ref, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("plain", ["torch", "flashsci"])
 @pytest.mark.parametrize("proj", ["relu", "gated-gelu", "gated-silu", "gelu"])
 @pytest.mark.parametrize("lengths", [[7, 30, 1, 12], [20]])
-def test_t5_encoder_matches_stock(proj, lengths):
+def test_t5_encoder_matches_stock(proj, lengths, plain):
     model = t5(proj)
     ids, mask = batch(lengths, vocab=(3, 40), pad=0)
     with torch.no_grad():
         ref = model(ids, attention_mask=mask).last_hidden_state
-        patch(model)
+        patch(model, plain_linear=plain)
         out = model(ids, attention_mask=mask).last_hidden_state
     close(out, ref, mask)
 
@@ -173,6 +175,8 @@ def test_patch_errors():
     model.config.dense_act_fn = "tanh"
     with pytest.raises(ValueError, match="activations .* got 'tanh'"):
         patch(model)
+    with pytest.raises(ValueError, match="plain_linear must be 'torch' or 'flashsci', got 'cublas'"):
+        patch(t5(), plain_linear="cublas")
 
 
 def test_packed_round_trip():

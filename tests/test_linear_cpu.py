@@ -112,18 +112,3 @@ def test_bias_dtype_may_differ():
     x, w, b = rand(rng, (10, 16), np.float16), rand(rng, (8, 16), np.float16), rand(rng, (8,), np.float32)
     ref = reference_linear(x, w, b)
     assert np.abs(flashsci.linear(x, w, b) - ref).max() <= tol(np.float16, ref)
-
-
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
-def test_residual(dtype):
-    rng = np.random.default_rng()
-    x, w, b = rand(rng, (4, 9, 40), dtype), rand(rng, (24, 40), dtype) / 6, rand(rng, (24,), dtype)
-    r = rand(rng, (4, 9, 24), dtype)
-    ref = reference_linear(x, w, b, "gelu") + r
-    y = flashsci.linear(x, w, b, activation="gelu", residual=r)
-    assert np.abs(y - ref).max() <= tol(dtype, ref)
-    buf = rand(rng, (36, 40), dtype)                 # in place, rows 40 apart: h += x @ w.T
-    h = buf[:, :24]
-    ref = reference_linear(x.reshape(36, 40), w) + h
-    assert flashsci.linear(x.reshape(36, 40), w, residual=h, out=h) is h
-    assert np.abs(h - ref).max() <= tol(dtype, ref)

@@ -132,21 +132,3 @@ def test_arguments():
         flashsci.linear(x, w, None, "relu")   # activation is keyword-only
     with pytest.raises(ValueError, match="stream= applies to CUDA inputs"):
         flashsci.linear(x, w, stream=0)
-
-
-def test_residual_checks():
-    x, w = xw()
-    r = np.zeros((6, 8), np.float32)
-    with pytest.raises(ValueError, match=r"residual has shape \(6, 4\) but the result has shape \(6, 8\)"):
-        flashsci.linear(x, w, residual=r[:, :4])
-    with pytest.raises(TypeError, match="residual must have the result's dtype float64, got float32"):
-        flashsci.linear(x, w, residual=r, out_dtype="float64")
-    with pytest.raises(ValueError, match="residual: the last dimension must be contiguous"):
-        flashsci.linear(x, w, residual=np.zeros((6, 16), np.float32)[:, ::2])
-    big = np.zeros((7, 8), np.float32)
-    with pytest.raises(ValueError, match="overlap"):
-        flashsci.linear(x, w, residual=big[:6], out=big[1:])
-    with pytest.raises(TypeError, match="residual: expected an array"):
-        flashsci.linear(x, w, residual="r")
-    with pytest.raises(TypeError, match="residual"):
-        flashsci.swiglu(x, np.zeros((16, 16), np.float32), residual=r)

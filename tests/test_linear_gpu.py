@@ -39,7 +39,7 @@ def torch_act(y, act):
 
 
 def check(m, k, n, act=None, bias=True, dtype=torch.float16, out_dtype=None, swiglu=False, packed=True,
-          x_pad=0, lead=None, bias_dtype=None, residual=False):
+          x_pad=0, lead=None, bias_dtype=None):
     dev = "cuda"
     xb = torch.randn(m, k + x_pad, device=dev, dtype=dtype)
     x = xb[:, :k]                                   # rows k + x_pad apart when x_pad > 0
@@ -54,25 +54,21 @@ def check(m, k, n, act=None, bias=True, dtype=torch.float16, out_dtype=None, swi
     else:
         ref = torch_act(xd @ wd.T + (b.double() if b is not None else 0), act)
         theirs = torch_act(F.linear(x, w, b.to(dtype) if b is not None else None), act)
-    od = out_dtype or dtype
-    r = torch.randn(*x.shape[:-1], n, device=dev, dtype=od) if residual else None
-    if r is not None:
-        ref, theirs = ref + r.double(), theirs.to(od) + r
     torch_err = (theirs.double() - ref).abs().max().item()
+    od = out_dtype or dtype
     out = torch.full((*x.shape[:-1], n), float("nan"), device=dev, dtype=od)
     if swiglu:
         res = flashsci.swiglu(x, w, out=out, out_dtype=out_dtype) if packed else \
             flashsci.swiglu(x, w[:n], w[n:], out=out, out_dtype=out_dtype)
     else:
-        res = flashsci.linear(x, w, b, activation=act, residual=r, out=out, out_dtype=out_dtype)
+        res = flashsci.linear(x, w, b, activation=act, out=out, out_dtype=out_dtype)
     assert res is out
     assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite output"
     err = (out.double() - ref).abs().max().item()
-    what = (m, k, n, act, dtype, od, swiglu, x_pad, lead, residual)
+    what = (m, k, n, act, dtype, od, swiglu, x_pad, lead)
     assert err <= 2 * torch_err + 1e-6, f"{what}: err {err:.3e} > 2 x torch {torch_err:.3e}"
     # the allocating call gives the same values
-    fresh = flashsci.swiglu(x, w, out_dtype=out_dtype) if swiglu else \
-        flashsci.linear(x, w, b, activation=act, residual=r, out_dtype=out_dtype)
+    fresh = flashsci.swiglu(x, w, out_dtype=out_dtype) if swiglu else flashsci.linear(x, w, b, activation=act, out_dtype=out_dtype)
     assert fresh.dtype == od and fresh.shape == out.shape and torch.equal(fresh, out)
 
 
@@ -119,24 +115,7 @@ def test_fuzzed_shapes(seed, kernel):
     check(m, k, n, act=rng.choice(ACTS), bias=rng.random() < 0.6, dtype=rng.choice([torch.float16, torch.bfloat16]),
           out_dtype=rng.choice([None, None, torch.float32]), swiglu=swiglu, packed=rng.random() < 0.5,
           x_pad=rng.choice([0, 0, 8, 24]), lead=(1, m) if rng.random() < 0.3 else None,
-          bias_dtype=rng.choice([None, torch.float32]), residual=not swiglu and rng.random() < 0.3)
-
-
-@pytest.mark.parametrize("act", [None, "gelu"])
-def test_residual(act, kernel):
-    check(1000, 320, 264, act=act, residual=True)
-    check(70, 64, 32, act=act, residual=True, out_dtype=torch.float32, lead=(7, 10))
-
-
-def test_residual_in_place_and_strided(kernel):
-    x = torch.randn(333, 200, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(136, 200, device="cuda", dtype=torch.bfloat16) / 14
-    buf = torch.randn(333, 160, device="cuda", dtype=torch.bfloat16)
-    h = buf[:, :136]                                 # residual rows 160 apart, updated in place
-    ref = (x.double() @ w.double().T + h.double())
-    torch_err = ((F.linear(x, w) + h).double() - ref).abs().max().item()
-    assert flashsci.linear(x, w, residual=h, out=h) is h
-    assert (h.double() - ref).abs().max().item() <= 2 * torch_err + 1e-6
+          bias_dtype=rng.choice([None, torch.float32]))
 
 
 def test_cpu_path_agrees():

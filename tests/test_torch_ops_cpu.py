@@ -19,7 +19,7 @@ def varlen_args():
     return q, k, v, cu, cu, 12, 12
 
 
-@pytest.mark.parametrize("case", ["attention", "attention_opts", "varlen", "varlen_t5", "linear", "linear_residual", "swiglu", "swiglu2"])
+@pytest.mark.parametrize("case", ["attention", "attention_opts", "varlen", "varlen_t5", "linear", "swiglu", "swiglu2"])
 def test_opcheck(case):
     if case == "attention":
         op, args, kw = ops.attention, qkv(2, 3, 9, 16), {"causal": True}
@@ -33,8 +33,6 @@ def test_opcheck(case):
         op, args, kw = ops.attention_varlen, varlen_args(), {"t5_table": torch.randn(3, 32), "scale": 1.0}
     elif case == "linear":
         op, args, kw = ops.linear, (torch.randn(4, 5, 24), torch.randn(40, 24), torch.randn(40), "gelu"), {}
-    elif case == "linear_residual":
-        op, args, kw = ops.linear, (torch.randn(7, 24), torch.randn(40, 24)), {"residual": torch.randn(7, 40)}
     elif case == "swiglu":
         op, args, kw = ops.swiglu, (torch.randn(7, 24), torch.randn(80, 24)), {}
     else:

@@ -4,8 +4,9 @@ bias-free qkv projection, LayerNorm on the full q and k (ESM-C's q_ln / k_ln), r
 (rotate_half, base 10000), SDPA, and a SwiGLU FFN (packed [2N, K] weight, gate rows first).
 
 `forward` runs it the stock way (padded batch, torch SDPA with a key padding mask); with `use_flashsci` set
-it runs the same weights on packed tokens: flashsci.linear for the projections, attention_varlen with the
-rotary inside the kernel, and flashsci.swiglu for the FFN's first GEMM.
+it runs the same weights on packed tokens as flashsci.integrations.patch runs ESM2: attention_varlen with
+the rotary inside the kernel, flashsci.swiglu for the FFN's first GEMM, and for the plain projections
+F.linear (use_flashsci="torch") or flashsci.linear ("flashsci").
 """
 import math
 from types import SimpleNamespace
@@ -57,19 +58,19 @@ class Block(nn.Module):
         g, u = self.up(self.ln_ffn(x)).chunk(2, -1)
         return x + self.down(F.silu(g) * u)
 
-    def forward_packed(self, x, packed):
-        """flashsci: packed rows x (total, d)."""
+    def forward_packed(self, x, packed, plain):
+        """flashsci: packed rows x (total, d); plain(x, w, b) the GEMM for projections without an activation."""
         T, d = x.shape
         ln = self.ln_qkv
-        qkv = linear(F.layer_norm(x, (d,), ln.weight, ln.bias, ln.eps), self.qkv.weight).view(T, 3, d)
+        qkv = plain(F.layer_norm(x, (d,), ln.weight, ln.bias, ln.eps), self.qkv.weight, None).view(T, 3, d)
         qkv[:, 0] = F.layer_norm(qkv[:, 0], (d,), self.q_ln.weight, None, self.q_ln.eps)
         qkv[:, 1] = F.layer_norm(qkv[:, 1], (d,), self.k_ln.weight, None, self.k_ln.eps)
         qkv = qkv.view(T, 3, self.heads, d // self.heads)
         a = attention_packed(qkv, packed, rotary_base=10000.0)
-        x = linear(a.view(T, d), self.out.weight, residual=x)
+        x = plain(a.view(T, d), self.out.weight, None).add_(x)
         ln = self.ln_ffn
         h = swiglu(F.layer_norm(x, (d,), ln.weight, ln.bias, ln.eps), self.up.weight)
-        return linear(h, self.down.weight, residual=x)
+        return plain(h, self.down.weight, None).add_(x)
 
 
 class EsmCLike(nn.Module):
@@ -81,7 +82,7 @@ class EsmCLike(nn.Module):
         self.embed = nn.Embedding(vocab, d_model)
         self.blocks = nn.ModuleList(Block(d_model, heads, hidden) for _ in range(layers))
         self.norm = nn.LayerNorm(d_model, bias=False)
-        self.use_flashsci = False
+        self.use_flashsci = False       # False: stock; else the plain_linear of patch(): "torch" or "flashsci"
         for name, p in self.named_parameters():
             if p.dim() == 2:
                 nn.init.normal_(p, std=0.02 if "embed" in name else 1 / math.sqrt(p.shape[1]))
@@ -90,9 +91,9 @@ class EsmCLike(nn.Module):
         x = self.embed(input_ids)
         if self.use_flashsci:
             packed = Packed(x, attention_mask)
-            y = packed.x
+            y, plain = packed.x, linear if self.use_flashsci == "flashsci" else F.linear
             for blk in self.blocks:
-                y = blk.forward_packed(y, packed)
+                y = blk.forward_packed(y, packed, plain)
             return SimpleNamespace(last_hidden_state=packed.unpack(self.norm(y)))
         mask = attention_mask.bool()[:, None, None, :]
         for blk in self.blocks:

@@ -5,8 +5,6 @@ Per shape, in one run on one GPU:
 - plain: flashsci.linear(x, w) vs torch x @ w.T and F.linear(x, w) (the faster is "torch");
 - epilogue: flashsci.linear(x, w, b, activation=...) vs F.act(F.linear(x, w, b)) (two kernels) and, for
   gelu / relu, torch._addmm_activation (cuBLASLt's fused bias + activation epilogue);
-- residual: flashsci.linear(x, w, residual=r) vs x @ w.T + r (two kernels) and torch.addmm(r, x, w.T)
-  (cuBLAS's beta = 1 accumulate, one kernel);
 - swiglu: flashsci.swiglu(x, w_packed) vs torch's two GEMMs + silu + mul, and vs one packed GEMM + chunk +
   silu + mul (the faster is "torch").
 Kernel times by CUDA-graph replay over input sets larger than L2 (median), per-call times of back-to-back
@@ -19,12 +17,11 @@ import flashsci
 from flashsci.bench import _fmt, _slug, _write_results, graph_kernel_time_us, per_call_us
 
 M = 8192
-# name, M, K, N, mode (plain | bias | gelu | relu | swiglu | residual)
+# name, M, K, N, mode (plain | bias | gelu | relu | swiglu)
 SHAPES = [
     ("ESM2-3B qkv", M, 2560, 7680, "plain"), ("ESM2-3B qkv", M, 2560, 7680, "bias"),
     ("ESM2-3B fc1", M, 2560, 10240, "plain"), ("ESM2-3B fc1", M, 2560, 10240, "gelu"),
     ("ESM2-3B fc2", M, 10240, 2560, "plain"), ("ESM2-3B fc2", M, 10240, 2560, "bias"),
-    ("ESM2-3B out", M, 2560, 2560, "residual"), ("ESM2-3B fc2", M, 10240, 2560, "residual"),
     ("ProtT5-XL wi", M, 1024, 16384, "plain"), ("ProtT5-XL wi", M, 1024, 16384, "relu"),
     ("ProtT5-XL wo", M, 16384, 1024, "plain"),
     ("ESM-C-600M ffn", M, 1152, 3072, "swiglu"),
@@ -38,36 +35,31 @@ def _torch_variants(torch, mode):
     """torch callables (name -> fn(x, w, b)) for a mode; the first is the one the ratio target names."""
     F = torch.nn.functional
     if mode == "plain":
-        return {"matmul": lambda x, w, b, r=None: x @ w.T, "F.linear": lambda x, w, b, r=None: F.linear(x, w)}
+        return {"matmul": lambda x, w, b: x @ w.T, "F.linear": lambda x, w, b: F.linear(x, w)}
     if mode == "bias":
-        return {"F.linear": lambda x, w, b, r=None: F.linear(x, w, b)}
-    if mode == "residual":
-        return {"F.linear+add": lambda x, w, b, r=None: F.linear(x, w) + r,
-                "addmm": lambda x, w, b, r=None: torch.addmm(r, x, w.T)}
+        return {"F.linear": lambda x, w, b: F.linear(x, w, b)}
     if mode == "swiglu":
-        def two(x, w, b, r=None):
+        def two(x, w, b):
             n = w.shape[0] // 2
             return F.silu(F.linear(x, w[:n])) * F.linear(x, w[n:])
 
-        def packed(x, w, b, r=None):
+        def packed(x, w, b):
             g, u = F.linear(x, w).chunk(2, dim=-1)
             return F.silu(g) * u
         return {"2 GEMMs+silu*mul": two, "packed GEMM+silu*mul": packed}
     act = F.gelu if mode == "gelu" else F.relu
-    return {"F.linear+F." + mode: lambda x, w, b, r=None: act(F.linear(x, w, b)),
-            "_addmm_activation": lambda x, w, b, r=None: torch._addmm_activation(b, x, w.T, use_gelu=mode == "gelu")}
+    return {"F.linear+F." + mode: lambda x, w, b: act(F.linear(x, w, b)),
+            "_addmm_activation": lambda x, w, b: torch._addmm_activation(b, x, w.T, use_gelu=mode == "gelu")}
 
 
 def _flashsci_fn(mode):
     if mode == "plain":
-        return lambda x, w, b, r=None: flashsci.linear(x, w)
+        return lambda x, w, b: flashsci.linear(x, w)
     if mode == "bias":
-        return lambda x, w, b, r=None: flashsci.linear(x, w, b)
-    if mode == "residual":
-        return lambda x, w, b, r=None: flashsci.linear(x, w, residual=r)
+        return lambda x, w, b: flashsci.linear(x, w, b)
     if mode == "swiglu":
-        return lambda x, w, b, r=None: flashsci.swiglu(x, w)
-    return lambda x, w, b, r=None: flashsci.linear(x, w, b, activation=mode)
+        return lambda x, w, b: flashsci.swiglu(x, w)
+    return lambda x, w, b: flashsci.linear(x, w, b, activation=mode)
 
 
 def run_linear(dtype_name, out_dir):
@@ -83,13 +75,12 @@ def run_linear(dtype_name, out_dir):
         n_sets = max(2, min(16, math.ceil(2 * l2 / set_bytes)))
         inputs = [(torch.randn(m, k, device="cuda", dtype=dtype),
                    torch.randn(n_w, k, device="cuda", dtype=dtype) / math.sqrt(k),
-                   torch.randn(n, device="cuda", dtype=dtype),
-                   torch.randn(m, n, device="cuda", dtype=dtype) if mode == "residual" else None) for _ in range(n_sets)]
+                   torch.randn(n, device="cuda", dtype=dtype)) for _ in range(n_sets)]
         fs = _flashsci_fn(mode)
         variants = _torch_variants(torch, mode)
-        x, w, b, r = inputs[0]
-        ours = fs(x, w, b, r)
-        theirs = next(iter(variants.values()))(x, w, b, r)
+        x, w, b = inputs[0]
+        ours = fs(x, w, b)
+        theirs = next(iter(variants.values()))(x, w, b)
         fl = 2.0 * m * n_w * k
         plan = flashsci._flashsci._gemm_plan(m, n, k, swiglu=mode == "swiglu")
         row = {"shape": name, "M": m, "K": k, "N": n, "mode": mode, "dtype": dtype_name, "kernel": plan["kernel"],
@@ -111,7 +102,7 @@ def run_linear(dtype_name, out_dir):
         row["torch_per_call_us"] = per_call_us(torch, variants[best_name], inputs[0], n=calls)
         rows.append(row)
         print(_fmt_row(row), flush=True)
-        del inputs, x, w, b, r, ours, theirs
+        del inputs, x, w, b, ours, theirs
         torch.cuda.empty_cache()
     meta = {"gpu": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
             "flashsci_build": flashsci.build_info(), "dtype": dtype_name, "date": time.strftime("%Y-%m-%d %H:%M:%S")}

@@ -63,14 +63,13 @@ def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 
 @torch.library.custom_op("flashsci::linear", mutates_args=())
-def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None,
-           residual: Optional[Tensor] = None) -> Tensor:
-    """flashsci.linear as a torch op: act(x @ weight.T + bias) [+ residual], into a new tensor."""
-    return _flashsci.linear(x, weight, bias, activation=activation, residual=residual)
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None) -> Tensor:
+    """flashsci.linear as a torch op: act(x @ weight.T + bias)."""
+    return _flashsci.linear(x, weight, bias, activation=activation)
 
 
 @linear.register_fake
-def _linear_fake(x, weight, bias=None, activation=None, residual=None):
+def _linear_fake(x, weight, bias=None, activation=None):
     """Output shape of flashsci::linear: x's leading dims, then N; x's dtype."""
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 

@@ -66,10 +66,16 @@ def _targets(model):
     return found
 
 
-def patch(model):
+def patch(model, plain_linear="torch"):
     """Make model's ESM / T5-encoder parts run on flashsci; returns model. Patch after moving the model to its
     device and dtype (fp16/bf16 on CUDA; any float dtype on the CPU): .to() after patch() undoes the q/k/v fusion
-    (still correct, one concatenation per layer per call)."""
+    (still correct, one concatenation per layer per call).
+
+    Attention, and every projection with an activation to fuse (ESM's GELU fc1, T5's ReLU wi, SwiGLU), always
+    run on flashsci. plain_linear picks the GEMM for the projections with nothing to fuse (q/k/v, attention
+    output, fc2 / wo): "torch" (F.linear, cuBLAS: the faster today, see benchmarks/results/e2e_*) or "flashsci"."""
+    if plain_linear not in ("torch", "flashsci"):
+        raise ValueError(f"plain_linear must be 'torch' or 'flashsci', got {plain_linear!r}")
     targets = _targets(model)
     if not targets:
         raise TypeError(f"flashsci.integrations.patch takes HF transformers ESM (EsmModel, EsmForMaskedLM, ...) or T5 "
@@ -83,6 +89,7 @@ def patch(model):
         model._flashsci_attn = model.config._attn_implementation
         model.set_attn_implementation(NAME)
     for module, fast, _ in targets:
+        module.__dict__["_flashsci_plain_linear"] = plain_linear
         if "forward" not in module.__dict__:
             stock = module.forward
             module.forward = types.MethodType(lambda self, *a, _f=fast, _s=stock, **k: _f(self, _s, *a, **k), module)
@@ -94,6 +101,7 @@ def unpatch(model):
     buffer (same values)."""
     for module, _, _ in _targets(model):
         module.__dict__.pop("forward", None)
+        module.__dict__.pop("_flashsci_plain_linear", None)
     attn = model.__dict__.pop("_flashsci_attn", None)
     if attn is not None:
         model.set_attn_implementation(attn)

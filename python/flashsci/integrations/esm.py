@@ -4,7 +4,7 @@ fc1), and the result is padded once at the end."""
 import torch
 import torch.nn.functional as F
 
-from .packing import Packed, attention_packed, fuse_rows, linear, packed_linear
+from .packing import Packed, attention_packed, fuse_rows, linear, packed_linear, plain_gemm
 
 
 def prepare(model):
@@ -35,21 +35,21 @@ def stock_needed(model, kwargs, position_ids, encoder_hidden_states):
     return bool(wants or grads or cfg.is_decoder or position_ids is not None or encoder_hidden_states is not None)
 
 
-def layer_forward(layer, x, packed, rotary_base):
-    """One EsmLayer on packed rows x (total, hidden):
+def layer_forward(layer, x, packed, rotary_base, plain):
+    """One EsmLayer on packed rows x (total, hidden), plain(x, w, b) the GEMM for projections without an activation:
     x += Wo · attn(rotary(q/√d), rotary(k), v) + bo with q, k, v = LN(x) · Wqkvᵀ + bqkv;  x += W2 · gelu(W1 · LN(x) + b1) + b2."""
     att, sa = layer.attention, layer.attention.self
     T, hidden = x.shape
     ln = att.LayerNorm
     h = F.layer_norm(x, (hidden,), ln.weight, ln.bias, ln.eps)
     w, b = packed_linear([sa.query, sa.key, sa.value])
-    qkv = linear(h, w, b).view(T, 3, sa.num_attention_heads, sa.attention_head_size)
+    qkv = plain(h, w, b).view(T, 3, sa.num_attention_heads, sa.attention_head_size)
     a = attention_packed(qkv, packed, rotary_base=rotary_base)
-    x = linear(a.view(T, hidden), att.output.dense.weight, att.output.dense.bias, residual=x)
+    x = plain(a.view(T, hidden), att.output.dense.weight, att.output.dense.bias).add_(x)
     ln = layer.LayerNorm
     h = F.layer_norm(x, (hidden,), ln.weight, ln.bias, ln.eps)
     f = linear(h, layer.intermediate.dense.weight, layer.intermediate.dense.bias, "gelu")
-    return linear(f, layer.output.dense.weight, layer.output.dense.bias, residual=x)
+    return plain(f, layer.output.dense.weight, layer.output.dense.bias).add_(x)
 
 
 def forward(model, stock_forward, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
@@ -66,9 +66,9 @@ def forward(model, stock_forward, input_ids=None, attention_mask=None, position_
     packed = Packed(emb, attention_mask)
     cfg = model.config
     rotary = float(getattr(cfg, "rope_theta", 10000.0)) if cfg.position_embedding_type == "rotary" else None
-    x = packed.x
+    x, plain = packed.x, plain_gemm(model)
     for layer in model.encoder.layer:
-        x = layer_forward(layer, x, packed, rotary)
+        x = layer_forward(layer, x, packed, rotary, plain)
     ln = model.encoder.emb_layer_norm_after
     if ln is not None:
         x = F.layer_norm(x, (x.shape[1],), ln.weight, ln.bias, ln.eps)

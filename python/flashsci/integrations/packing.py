@@ -80,11 +80,17 @@ def packed_linear(linears):
     return w, (b if b is not None else torch.cat([m.bias for m in linears]))
 
 
-def linear(x, weight, bias=None, activation=None, residual=None):
+def linear(x, weight, bias=None, activation=None):
     """flashsci.linear; the torch op while torch.compile traces (no graph break), else the C call (no dispatcher)."""
     if torch.compiler.is_compiling():
-        return torch.ops.flashsci.linear(x, weight, bias, activation, residual)
-    return _flashsci.linear(x, weight, bias, activation=activation, residual=residual)
+        return torch.ops.flashsci.linear(x, weight, bias, activation)
+    return _flashsci.linear(x, weight, bias, activation=activation)
+
+
+def plain_gemm(module):
+    """The GEMM patch() chose for module's projections without an activation to fuse: torch's F.linear (cuBLAS;
+    plain_linear="torch") or flashsci.linear (plain_linear="flashsci")."""
+    return linear if module.__dict__.get("_flashsci_plain_linear") == "flashsci" else torch.nn.functional.linear
 
 
 def swiglu(x, w_gate, w_up=None):

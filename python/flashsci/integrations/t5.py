@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from .esm import stock_needed
-from .packing import Packed, attention_packed, fuse_rows, linear, packed_linear, swiglu
+from .packing import Packed, attention_packed, fuse_rows, linear, packed_linear, plain_gemm, swiglu
 
 # T5's dense_act_fn names → flashsci.linear activations (T5's "gelu" is the erf form, "gelu_new" the tanh one).
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -27,29 +27,30 @@ def rms_norm(norm, x):
     return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
 
 
-def feed_forward(ff, h, act, x):
-    """x + T5DenseActDense wo · act(wi · h), or x + the gated T5DenseGatedActDense wo · (act(wi_0 · h) ⊙ wi_1 · h)."""
+def feed_forward(ff, h, act, plain):
+    """T5DenseActDense wo · act(wi · h), or the gated T5DenseGatedActDense wo · (act(wi_0 · h) ⊙ wi_1 · h)."""
     if hasattr(ff, "wi"):
         g = linear(h, ff.wi.weight, None, act)
     elif act == "silu":
         g = swiglu(h, ff.wi_0.weight, ff.wi_1.weight)
     else:
-        g = linear(h, ff.wi_0.weight, None, act).mul_(linear(h, ff.wi_1.weight))
-    return linear(g, ff.wo.weight, residual=x)
+        g = linear(h, ff.wi_0.weight, None, act).mul_(plain(h, ff.wi_1.weight, None))
+    return plain(g, ff.wo.weight, None)
 
 
-def block_forward(block, x, packed, t5, act):
-    """One encoder T5Block on packed rows x (total, d_model), no attention scaling:
-    x += Wo · attn(q, k, v; + T5 bias) with q, k, v = RMS(x) · Wqkvᵀ;  x += FF(RMS(x))."""
+def block_forward(block, x, packed, t5, act, plain):
+    """One encoder T5Block on packed rows x (total, d_model), no attention scaling, plain(x, w, b) the GEMM for
+    projections without an activation:  x += Wo · attn(q, k, v; + T5 bias) with q, k, v = RMS(x) · Wqkvᵀ;
+    x += FF(RMS(x))."""
     sa_layer, ff_layer = block.layer[0], block.layer[-1]
     sa = sa_layer.SelfAttention
     T = x.shape[0]
     h = rms_norm(sa_layer.layer_norm, x)
     w, _ = packed_linear([sa.q, sa.k, sa.v])
-    qkv = linear(h, w).view(T, 3, sa.n_heads, sa.key_value_proj_dim)
+    qkv = plain(h, w, None).view(T, 3, sa.n_heads, sa.key_value_proj_dim)
     a = attention_packed(qkv, packed, scale=1.0, t5=t5)
-    x = linear(a.view(T, sa.inner_dim), sa.o.weight, residual=x)
-    return feed_forward(ff_layer.DenseReluDense, rms_norm(ff_layer.layer_norm, x), act, x)
+    x = plain(a.view(T, sa.inner_dim), sa.o.weight, None).add_(x)
+    return feed_forward(ff_layer.DenseReluDense, rms_norm(ff_layer.layer_norm, x), act, plain).add_(x)
 
 
 def forward(stack, stock_forward, input_ids=None, attention_mask=None, encoder_hidden_states=None,
@@ -68,8 +69,8 @@ def forward(stack, stock_forward, input_ids=None, attention_mask=None, encoder_h
     t5 = (sa0.relative_attention_bias.weight.t(), sa0.relative_attention_num_buckets,
           sa0.relative_attention_max_distance, True)
     act = ACTIVATIONS[stack.config.dense_act_fn]
-    x = packed.x
+    x, plain = packed.x, plain_gemm(stack)
     for block in stack.block:
-        x = block_forward(block, x, packed, t5, act)
+        x = block_forward(block, x, packed, t5, act, plain)
     out = BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=packed.unpack(rms_norm(stack.final_layer_norm, x)))
     return out if kwargs.get("return_dict", True) else out.to_tuple()
