@@ -69,8 +69,9 @@ def test_esm_masked_lm_without_mask_and_tuple_return():
         patch(model)
         out = model(ids).logits
         tup = model.esm(ids, return_dict=False)
+        dflt = model.esm(ids, return_dict=None)
     close(out, ref, mask)
-    assert isinstance(tup, tuple) and tup[0].shape == (2, 11, 64)
+    assert isinstance(tup, tuple) and tup[0].shape == (2, 11, 64) and dflt.last_hidden_state.shape == (2, 11, 64)
 
 
 def test_esm_float32_rope_theta():
@@ -154,6 +155,7 @@ def test_t5_model_patches_only_its_encoder():
         patch(model)
         out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).last_hidden_state
     assert "forward" in model.encoder.__dict__ and "forward" not in model.decoder.__dict__
+    assert model.config._attn_implementation == "sdpa"      # a decoder keeps its stock attention
     close(out, ref, torch.ones(dec.shape))      # the decoder's states, computed from the patched encoder's
 
 

@@ -1,7 +1,6 @@
 """flashsci.integrations and torch.ops.flashsci on CUDA: patched fp16/bf16 HF ESM2 and T5 encoders within 2x
 of stock's own error against stock fp32 (same weights), torch.compile(fullgraph=True) with inductor, and
 CUDA-graph capture of the ops."""
-import random
 
 import pytest
 

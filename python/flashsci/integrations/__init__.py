@@ -7,9 +7,10 @@
 patch() finds every EsmModel (ESM2: EsmModel, EsmForMaskedLM, ...) and every encoder T5Stack (ProtT5:
 T5EncoderModel, T5Model's encoder) inside model and gives it a forward that unpads the batch once, runs
 each layer on packed tokens with flashsci kernels and pads once at the end. Calls it does not cover
-(hidden states of every layer, attention maps, custom position ids, decoders, gradients) go to the stock
-forward, whose attention is then flashsci's through transformers' attention-function registry
-(attn_implementation="fsci") when the installed transformers has one. Import torch lazily: this
+(hidden states of every layer, attention maps, custom position ids, gradients) go to the stock forward,
+whose attention is then flashsci's through transformers' attention-function registry
+(attn_implementation="fsci") when the installed transformers has one and the model has no decoder
+(T5Model / T5ForConditionalGeneration keep their stock attention; only their encoder stack is patched). Import torch lazily: this
 module is imported only by those who use it.
 """
 import types
@@ -29,7 +30,8 @@ def _registry_attention(module, query, key, value, attention_mask, scaling=None,
     comes as (B, Sk) from the mask function registered beside it, T5's position bias as an additive bias.
     Where autograd or dropout is needed it hands over to transformers' sdpa (flashsci is forward only)."""
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-    if needs_grad or (dropout > 0 and module.training) or kwargs.get("output_attentions"):
+    if needs_grad or (dropout > 0 and module.training) or kwargs.get("output_attentions") or \
+            (getattr(module, "is_causal", False) and query.shape[2] != key.shape[2]):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         if attention_mask is not None and attention_mask.dim() == 2:
             attention_mask = attention_mask[:, None, None, :].bool()
@@ -85,7 +87,9 @@ def patch(model, plain_linear="torch"):
         raise ValueError(f"flashsci runs CUDA models in float16 or bfloat16, got a {dtype} model (call .half() first)")
     for module, _, prepare in targets:
         prepare(module)
-    if register() and hasattr(model, "set_attn_implementation"):
+    # the registry attention is for encoders: decoders need KV-cache (bottom-right) causal alignment
+    has_decoder = any(getattr(getattr(m, "config", None), "is_decoder", False) for m in model.modules())
+    if not has_decoder and register() and hasattr(model, "set_attn_implementation"):
         model._flashsci_attn = model.config._attn_implementation
         model.set_attn_implementation(NAME)
     for module, fast, _ in targets:

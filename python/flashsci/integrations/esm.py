@@ -4,7 +4,8 @@ fc1), and the result is padded once at the end."""
 import torch
 import torch.nn.functional as F
 
-from .packing import Packed, attention_packed, fuse_rows, linear, packed_linear, plain_gemm
+from .packing import (Packed, attention_packed, fuse_rows, linear, model_return_dict, packed_linear,
+                      plain_gemm)
 
 
 def prepare(model):
@@ -75,4 +76,5 @@ def forward(model, stock_forward, input_ids=None, attention_mask=None, position_
     seq = packed.unpack(x)
     out = BaseModelOutputWithPoolingAndCrossAttentions(
         last_hidden_state=seq, pooler_output=model.pooler(seq) if model.pooler is not None else None)
-    return out if kwargs.get("return_dict", True) else out.to_tuple()
+    return_dict = kwargs.get("return_dict")
+    return out if (model_return_dict(model) if return_dict is None else return_dict) else out.to_tuple()

@@ -87,6 +87,11 @@ def linear(x, weight, bias=None, activation=None):
     return _flashsci.linear(x, weight, bias, activation=activation)
 
 
+def model_return_dict(module):
+    """The config's default for return_dict (HF models return ModelOutput objects unless told otherwise)."""
+    return getattr(module.config, "use_return_dict", getattr(module.config, "return_dict", True))
+
+
 def plain_gemm(module):
     """The GEMM patch() chose for module's projections without an activation to fuse: torch's F.linear (cuBLAS;
     plain_linear="torch") or flashsci.linear (plain_linear="flashsci")."""
