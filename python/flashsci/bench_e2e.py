@@ -33,10 +33,12 @@ MODELS = {
 }
 
 
+ESM_INDEX = {t: i for i, t in enumerate(ESM_VOCAB)}
+
+
 def esm_tokens(seq):
     """ESM2's alphabet: <cls> residues <eos>."""
-    index = {t: i for i, t in enumerate(ESM_VOCAB)}
-    return [0] + [index.get(c, 3) for c in seq] + [2]
+    return [0] + [ESM_INDEX.get(c, 3) for c in seq] + [2]
 
 
 def t5_tokens(seq):

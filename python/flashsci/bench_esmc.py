@@ -61,16 +61,12 @@ class Block(nn.Module):
     def forward_packed(self, x, packed, plain):
         """flashsci: packed rows x (total, d); plain(x, w, b) the GEMM for projections without an activation."""
         T, d = x.shape
-        ln = self.ln_qkv
-        qkv = plain(F.layer_norm(x, (d,), ln.weight, ln.bias, ln.eps), self.qkv.weight, None).view(T, 3, d)
-        qkv[:, 0] = F.layer_norm(qkv[:, 0], (d,), self.q_ln.weight, None, self.q_ln.eps)
-        qkv[:, 1] = F.layer_norm(qkv[:, 1], (d,), self.k_ln.weight, None, self.k_ln.eps)
-        qkv = qkv.view(T, 3, self.heads, d // self.heads)
-        a = attention_packed(qkv, packed, rotary_base=10000.0)
+        qkv = plain(self.ln_qkv(x), self.qkv.weight, None).view(T, 3, d)
+        qkv[:, 0] = self.q_ln(qkv[:, 0])
+        qkv[:, 1] = self.k_ln(qkv[:, 1])
+        a = attention_packed(qkv.view(T, 3, self.heads, d // self.heads), packed, rotary_base=10000.0)
         x = plain(a.view(T, d), self.out.weight, None).add_(x)
-        ln = self.ln_ffn
-        h = swiglu(F.layer_norm(x, (d,), ln.weight, ln.bias, ln.eps), self.up.weight)
-        return plain(h, self.down.weight, None).add_(x)
+        return plain(swiglu(self.ln_ffn(x), self.up.weight), self.down.weight, None).add_(x)
 
 
 class EsmCLike(nn.Module):

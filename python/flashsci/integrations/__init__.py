@@ -10,8 +10,8 @@ each layer on packed tokens with flashsci kernels and pads once at the end. Call
 (hidden states of every layer, attention maps, custom position ids, gradients) go to the stock forward,
 whose attention is then flashsci's through transformers' attention-function registry
 (attn_implementation="fsci") when the installed transformers has one and the model has no decoder
-(T5Model / T5ForConditionalGeneration keep their stock attention; only their encoder stack is patched). Import torch lazily: this
-module is imported only by those who use it.
+(T5Model / T5ForConditionalGeneration keep their stock attention; only their encoder stack is patched).
+This module imports torch; `import flashsci` does not import it.
 """
 import types
 
@@ -30,8 +30,9 @@ def _registry_attention(module, query, key, value, attention_mask, scaling=None,
     comes as (B, Sk) from the mask function registered beside it, T5's position bias as an additive bias.
     Where autograd or dropout is needed it hands over to transformers' sdpa (flashsci is forward only)."""
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    causal = bool(getattr(module, "is_causal", False))
     if needs_grad or (dropout > 0 and module.training) or kwargs.get("output_attentions") or \
-            (getattr(module, "is_causal", False) and query.shape[2] != key.shape[2]):
+            (causal and query.shape[2] != key.shape[2]):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         if attention_mask is not None and attention_mask.dim() == 2:
             attention_mask = attention_mask[:, None, None, :].bool()
@@ -39,7 +40,7 @@ def _registry_attention(module, query, key, value, attention_mask, scaling=None,
                                       position_bias=position_bias, **kwargs)
     mask = None if attention_mask is None else attention_mask.bool()
     out = _flashsci.attention(query, key, value, scale=scaling, key_padding_mask=mask, bias=position_bias,
-                              causal=bool(getattr(module, "is_causal", False)) and query.shape[2] > 1)
+                              causal=causal and query.shape[2] > 1)
     return out.transpose(1, 2), None
 
 

@@ -2,10 +2,8 @@
 runs on packed tokens (fused q/k/v GEMM, rotary applied inside the varlen attention kernel, GELU fused into
 fc1), and the result is padded once at the end."""
 import torch
-import torch.nn.functional as F
 
-from .packing import (Packed, attention_packed, fuse_rows, linear, model_return_dict, packed_linear,
-                      plain_gemm)
+from .packing import Packed, attention_packed, fuse_rows, linear, packed_linear, plain_gemm, returned, stock_needed
 
 
 def prepare(model):
@@ -26,30 +24,16 @@ def prepare(model):
         fuse_rows([sa.query, sa.key, sa.value])
 
 
-def stock_needed(model, kwargs, position_ids, encoder_hidden_states):
-    """Whether this call asks for something only the stock forward gives: per-layer outputs, attention maps,
-    custom positions, cross-attention, or gradients."""
-    cfg = model.config
-    wants = any(kwargs[k] if kwargs.get(k) is not None else getattr(cfg, k, False)
-                for k in ("output_hidden_states", "output_attentions"))
-    grads = torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
-    return bool(wants or grads or cfg.is_decoder or position_ids is not None or encoder_hidden_states is not None)
-
-
 def layer_forward(layer, x, packed, rotary_base, plain):
     """One EsmLayer on packed rows x (total, hidden), plain(x, w, b) the GEMM for projections without an activation:
     x += Wo · attn(rotary(q/√d), rotary(k), v) + bo with q, k, v = LN(x) · Wqkvᵀ + bqkv;  x += W2 · gelu(W1 · LN(x) + b1) + b2."""
     att, sa = layer.attention, layer.attention.self
     T, hidden = x.shape
-    ln = att.LayerNorm
-    h = F.layer_norm(x, (hidden,), ln.weight, ln.bias, ln.eps)
     w, b = packed_linear([sa.query, sa.key, sa.value])
-    qkv = plain(h, w, b).view(T, 3, sa.num_attention_heads, sa.attention_head_size)
+    qkv = plain(att.LayerNorm(x), w, b).view(T, 3, sa.num_attention_heads, sa.attention_head_size)
     a = attention_packed(qkv, packed, rotary_base=rotary_base)
     x = plain(a.view(T, hidden), att.output.dense.weight, att.output.dense.bias).add_(x)
-    ln = layer.LayerNorm
-    h = F.layer_norm(x, (hidden,), ln.weight, ln.bias, ln.eps)
-    f = linear(h, layer.intermediate.dense.weight, layer.intermediate.dense.bias, "gelu")
+    f = linear(layer.LayerNorm(x), layer.intermediate.dense.weight, layer.intermediate.dense.bias, "gelu")
     return plain(f, layer.output.dense.weight, layer.output.dense.bias).add_(x)
 
 
@@ -70,11 +54,9 @@ def forward(model, stock_forward, input_ids=None, attention_mask=None, position_
     x, plain = packed.x, plain_gemm(model)
     for layer in model.encoder.layer:
         x = layer_forward(layer, x, packed, rotary, plain)
-    ln = model.encoder.emb_layer_norm_after
-    if ln is not None:
-        x = F.layer_norm(x, (x.shape[1],), ln.weight, ln.bias, ln.eps)
+    if model.encoder.emb_layer_norm_after is not None:
+        x = model.encoder.emb_layer_norm_after(x)
     seq = packed.unpack(x)
     out = BaseModelOutputWithPoolingAndCrossAttentions(
         last_hidden_state=seq, pooler_output=model.pooler(seq) if model.pooler is not None else None)
-    return_dict = kwargs.get("return_dict")
-    return out if (model_return_dict(model) if return_dict is None else return_dict) else out.to_tuple()
+    return returned(model, out, kwargs)

@@ -21,9 +21,9 @@ class Packed:
         else:
             if attention_mask.shape != (B, S):
                 raise ValueError(f"attention_mask must have shape {(B, S)}, got {tuple(attention_mask.shape)}")
-            keep = attention_mask.reshape(-1).bool()
-            lengths = attention_mask.bool().sum(1, dtype=torch.int32)
-            self.index = keep.nonzero().squeeze(1)
+            keep = attention_mask.bool()
+            lengths = keep.sum(1, dtype=torch.int32)
+            self.index = keep.reshape(-1).nonzero().squeeze(1)
             self.max_seqlen = int(lengths.max()) if B else 0
             self.x = x.reshape(B * S, *x.shape[2:]).index_select(0, self.index)
         self.cu_seqlens = torch.zeros(B + 1, dtype=torch.int32, device=x.device)
@@ -65,8 +65,7 @@ def adjacent(tensors):
                 or t.storage_offset() != first.storage_offset() + rows * first[0].numel()):
             return None
         rows += t.shape[0]
-    return first.detach().as_strided((rows, *first.shape[1:]), first.stride()) if first.dim() > 1 else \
-        first.detach().as_strided((rows,), (1,))
+    return first.detach().as_strided((rows, *first.shape[1:]), first.stride())
 
 
 def packed_linear(linears):
@@ -87,9 +86,22 @@ def linear(x, weight, bias=None, activation=None):
     return _flashsci.linear(x, weight, bias, activation=activation)
 
 
-def model_return_dict(module):
-    """The config's default for return_dict (HF models return ModelOutput objects unless told otherwise)."""
-    return getattr(module.config, "use_return_dict", getattr(module.config, "return_dict", True))
+def stock_needed(model, kwargs, position_ids, encoder_hidden_states):
+    """Whether this call asks for something only the stock forward gives: per-layer outputs, attention maps,
+    custom positions, cross-attention, or gradients."""
+    cfg = model.config
+    wants = any(kwargs[k] if kwargs.get(k) is not None else getattr(cfg, k, False)
+                for k in ("output_hidden_states", "output_attentions"))
+    grads = torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
+    return bool(wants or grads or cfg.is_decoder or position_ids is not None or encoder_hidden_states is not None)
+
+
+def returned(module, out, kwargs):
+    """out (a ModelOutput) as the call asked: itself, or a tuple for return_dict=False (None: the config's)."""
+    return_dict = kwargs.get("return_dict")
+    if return_dict is None:
+        return_dict = getattr(module.config, "use_return_dict", getattr(module.config, "return_dict", True))
+    return out if return_dict else out.to_tuple()
 
 
 def plain_gemm(module):

@@ -3,9 +3,8 @@ block on packed tokens (fused q/k/v GEMM, the relative-position bias computed in
 kernel from the (H, buckets) table, the activation fused into wi), padded once at the end."""
 import torch.nn.functional as F
 
-from .esm import stock_needed
-from .packing import (Packed, attention_packed, fuse_rows, linear, model_return_dict, packed_linear,
-                      plain_gemm, swiglu)
+from .packing import (Packed, attention_packed, fuse_rows, linear, packed_linear, plain_gemm, returned,
+                      stock_needed, swiglu)
 
 # T5's dense_act_fn names → flashsci.linear activations (T5's "gelu" is the erf form, "gelu_new" the tanh one).
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -73,5 +72,4 @@ def forward(stack, stock_forward, input_ids=None, attention_mask=None, encoder_h
     for block in stack.block:
         x = block_forward(block, x, packed, t5, act, plain)
     out = BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=packed.unpack(rms_norm(stack.final_layer_norm, x)))
-    return_dict = kwargs.get("return_dict")
-    return out if (model_return_dict(stack) if return_dict is None else return_dict) else out.to_tuple()
+    return returned(stack, out, kwargs)
