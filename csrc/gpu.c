@@ -143,7 +143,7 @@ static int attention_launch(const fs_attn_params *p, int device, uintptr_t strea
     if (launch_begin(device, "attention", &props, &prev) < 0) return -1;
     fs_sm80_plan pl;
     const int hopper = props.major == 9 && fs_attention_sm90_covers(p, props.sm_count);
-    cudaError_t err = hopper ? fs_attention_sm90(p, device, (cudaStream_t)stream, plan ? &pl : NULL)
+    cudaError_t err = hopper ? fs_attention_sm90(p, device, props.sm_count, (cudaStream_t)stream, plan ? &pl : NULL)
                              : fs_attention_sm80(p, device, props.sm_count, (cudaStream_t)stream, plan ? &pl : NULL);
     fs_gpu_device_leave(prev, device);
     if (err != cudaSuccess) return cuda_fail(err, plan ? "attention launch plan" : "attention kernel launch");

@@ -64,7 +64,8 @@ static PyObject *inspect_tensor(PyObject *module, PyObject *const *args, Py_ssiz
     return d;
 }
 
-/* _launch_plan(B, H, Sq, Sk, D, causal=False, device=0): how the CUDA kernel would be launched (fp16). */
+/* _launch_plan(B, H, Sq, Sk, D, causal=False, device=0): how the CUDA kernel would be launched (fp16, contiguous
+ * bhsd tensors). */
 static PyObject *launch_plan(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"B", "H", "Sq", "Sk", "D", "causal", "device", NULL};
@@ -80,6 +81,11 @@ static PyObject *launch_plan(PyObject *module, PyObject *args, PyObject *kwargs)
     p.causal = causal;
     p.dtype = FS_F16;
     p.scale = 1.0;
+    p.q_ss = p.o_ss = p.k_ss = p.v_ss = p.D;
+    p.q_sh = p.o_sh = (int64_t)p.Sq * p.D;
+    p.k_sh = p.v_sh = (int64_t)p.Sk * p.D;
+    p.q_sb = p.o_sb = p.q_sh * p.H;
+    p.k_sb = p.v_sb = p.k_sh * p.H;
     return fs_gpu_attention_plan(&p, device);
 }
 

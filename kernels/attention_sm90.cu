@@ -1,29 +1,32 @@
-/* Tensor-core flash attention forward for Hopper (sm_90a): wgmma with both Q K^T and P V on the
- * warpgroup MMA unit, fp16/bf16 in, fp32 accumulation, online softmax, one pass over K/V.
+/* Tensor-core flash attention forward for Hopper (sm_90a): TMA loads from a producer warp, wgmma for both
+ * Q K^T and P V, fp16/bf16 in, fp32 accumulation, online softmax, one pass over K/V.
  *
  * Build: part of the extension when the architecture list holds 90a (CMakeLists.txt); alone:
  *   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -c kernels/attention_sm90.cu
  * Run:   bash benchmarks/gpu_check.sh
  *
- * Notation (FlashAttention-2/3): a block of NWG warpgroups owns a query tile Q_i of Br = 64 NWG rows, 64 per
- * warpgroup (the M of one wgmma), and streams K_j, V_j tiles of Bc rows through a cp.async ring in
- * shared memory. Per tile and warpgroup:
- *   S = Q_i K_j^T      wgmma m64 n(Bc) k16, A = Q and B = K from shared memory (both K-major)
- *   softmax            on the S accumulators in registers (m_i, l_i per row, exp2 with the scale folded in)
- *   O_i += P V_j       wgmma m64 n(D) k16, A = P from registers (the S accumulator layout is exactly the
- *                      A fragment layout), B = V from shared memory (MN-major: the transpose bit)
- * Tiles are stored as 64-column halves of 128-byte rows with the 128-byte swizzle (16-byte chunk XOR
- * row mod 8), the canonical layout wgmma descriptors name.
+ * Notation (FlashAttention-2/3): a persistent block walks work items (b, h, query tile Q_i of Br = 64 NWG
+ * rows). Warpgroup 0 is the producer: one thread issues TMA loads of Q_i and of the K_j, V_j tiles (Bc rows)
+ * into a ring of STAGES stages, each completing on a "full" mbarrier and refilled once the consumers
+ * arrive on its "empty" one. Warpgroups 1..NWG consume, 64 query rows each (the M of one wgmma):
+ *   S_j = Q_i K_j^T      wgmma m64 n(Bc) k16, A = Q and B = K from shared memory (both K-major)
+ *   softmax              m_i <- max(m_i, rowmax(S_j) c);  P_j = exp2(S_j c - m_i);
+ *                        l_i <- alpha l_i + rowsum(P_j), alpha = exp2(m_old - m_i)   (c = scale log2 e)
+ *   O_i <- alpha O_i + P_j V_j   wgmma m64 n(D) k16, A = P from registers (the S accumulator layout is the
+ *                        A fragment layout), B = V from shared memory (MN-major: the transpose bit)
+ * Intra-warpgroup pipelining (FlashAttention-3): S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued together,
+ * and the softmax of S_{j+1} runs while P_j V_j is still on the tensor cores; O is rescaled once that lands.
+ * Tiles are 64-column halves of 128-byte rows with the 128-byte swizzle, as TMA writes them and as the
+ * wgmma descriptors name them; TMA zero-fills rows past the sequence ends.
  *
- * Scope of this version: D = 64 and 128 (the dispatcher sends only D = 128 here for now), no protein
- * options, no KV split; everything else runs on the sm80 kernel.
+ * Scope: D = 64 and 128, no protein options, no KV split (the sm80 kernel takes the rest).
  *
- * History (H200 fp16, TF/s at D=64 / D=128 on the S = 512 ... 16384 sweep; FA2 = 250-296 / 272-332):
- *   v1  2 warpgroups (Br = 128), Bc = 128, cp.async ring shared by all threads, wgmma waits after each
- *       GEMM                                                               213-274 / 272-363
- *       D = 128 beats FA2 (0.85-1.00x) and is dispatched here; D = 64 stays on sm80 (0.97-1.02x FA2).
- *       Next: overlap the softmax of one tile with the GEMMs of the next (two S buffers, deferred waits),
- *       TMA loads from a producer warp, three warpgroups at D = 64.
+ * History (H200 fp16, TF/s on the S = 512 ... 16384 sweep, non-causal D = 64 / D = 128; FA2 = 250-299 /
+ * 272-339, cuDNN 365-439 / 505-576):
+ *   v1  2 warpgroups (Br = 128), Bc = 128, cp.async ring filled by all threads, a block barrier per tile,
+ *       wgmma waited after each GEMM                                      213-274 / 272-367
+ *   v2  producer warpgroup with TMA and full/empty mbarriers (setmaxnreg 24 / 240), persistent grid,
+ *       S_{j+1} and P_j V_j in flight during the softmax
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -31,234 +34,333 @@
 #include <stdint.h>
 
 #include "attention_cuda.h"
-#include "cuda_ptx.cuh"
-#include "wgmma.cuh"
+#include "tma.cuh"
 
-/* ---- tile configuration, one place ---- */
+/* ---- tile configuration, one place: consumer warpgroups (Br = 64 NWG), Bc, K/V ring stages ---- */
 template <int D> struct fs_sm90_tile;
 /*                                         NWG  BC   STAGES */
-template <> struct fs_sm90_tile<64>  { enum { NWG = 2, BC = 128, STAGES = 3 }; };
+template <> struct fs_sm90_tile<64>  { enum { NWG = 2, BC = 128, STAGES = 4 }; };
 template <> struct fs_sm90_tile<128> { enum { NWG = 2, BC = 128, STAGES = 2 }; };
+
+/* shared memory: Q tile, K ring, V ring (1024-byte aligned), then the mbarriers; plus 1 KiB alignment slack */
+template <int D> constexpr int sm90_smem()
+{
+    using t = fs_sm90_tile<D>;
+    return (64 * t::NWG + 2 * t::STAGES * t::BC) * D * 2 + (2 + 4 * t::STAGES) * 8 + 1024;
+}
 
 typedef struct {
     fs_attn_params p;
     float scale_log2; /* scale * log2(e) */
-    int n_qtiles;
+    int n_qtiles, items;
 } fs_sm90_args;
 
-/* Element offset of (row, col) in a tile of ROWS rows kept as 64-column halves of 128-byte rows with the
- * 128-byte swizzle (16-byte chunk index XOR row mod 8 inside each 8-row, 1024-byte atom). */
-template <int ROWS> FS_DEV int sw128(int row, int col)
+#ifdef FS_WGMMA
+/* Work item t: (b, h, query tile). Non-causal: tiles of one head adjacent (K/V shared in L2); causal: the
+ * heaviest tiles (last rows) of every head first. */
+FS_DEV void sm90_item(const fs_sm90_args &a, int t, int *b, int *h, int *qt)
 {
-    return (col >> 6) * ROWS * 64 + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7);
+    const int bh_count = a.p.B * a.p.H, bh = a.p.causal ? t % bh_count : t / a.n_qtiles;
+    *qt = a.p.causal ? a.n_qtiles - 1 - t / bh_count : t % a.n_qtiles;
+    *b = bh / a.p.H;
+    *h = bh % a.p.H;
 }
 
-/* Async-copy ROWS x D elements (row stride in elements) into such a tile; rows >= valid are zeroed. */
-template <int ROWS, int D, int THREADS, typename T>
-FS_DEV void load_tile_sw128(T *tile, const T *g, int64_t stride, int valid, int tid)
+/* Online softmax of one S tile in place (NS column groups of 8, rows g and g + 8 of this thread's warp): masks,
+ * then m_i <- max(m_i, rowmax(S) c); S <- P = exp2(S c - m_i); l_i <- alpha l_i + rowsum(P); returns
+ * alpha = exp2(m_old - m_i) per row for the caller to rescale O with. Rows with every key masked so far keep
+ * m_i = -inf and use 0 in its place (P = 0, no NaN). P stays fp32: packing it to the A fragments of P V waits
+ * until the previous P V has read them. */
+template <int NS>
+FS_DEV void sm90_softmax(float (&s)[NS * 4], const fs_attn_params &p, int k0, int row0, int t4, float scale_log2,
+                         float (&m_i)[2], float (&l_i)[2], float (&alpha)[2])
 {
-    constexpr int CH = D / 8;
+    const bool prescale = scale_log2 <= 0.f; /* a non-positive scale flips the max: scale before it */
+    const float mul = prescale ? 1.f : scale_log2;
+    if (prescale)
 #pragma unroll
-    for (int i = tid; i < ROWS * CH; i += THREADS) {
-        const int r = i / CH, c = i % CH;
-        const bool ok = r < valid;
-        cp_async16(smem_addr(tile + sw128<ROWS>(r, c * 8)), g + (ok ? r * stride + c * 8 : 0), ok);
+        for (int i = 0; i < NS * 4; i++) s[i] *= scale_log2;
+    /* keys past Sk and, for causal, keys after the query (col > row) */
+    if (k0 + NS * 8 > p.Sk || (p.causal && k0 + NS * 8 - 1 > row0)) {
+#pragma unroll
+        for (int i = 0; i < NS * 4; i++) {
+            const int col = k0 + (i >> 2) * 8 + 2 * t4 + (i & 1), row = row0 + ((i >> 1) & 1) * 8;
+            if (col >= p.Sk || (p.causal && col > row)) s[i] = -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        const float m_new = fmaxf(m_i[r], mx * mul), m_use = m_new == -INFINITY ? 0.f : m_new;
+        alpha[r] = exp2_approx(m_i[r] - m_use);
+        m_i[r] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < NS; n++) {
+            s[4 * n + 2 * r] = exp2_approx(fmaf(s[4 * n + 2 * r], mul, -m_use));
+            s[4 * n + 2 * r + 1] = exp2_approx(fmaf(s[4 * n + 2 * r + 1], mul, -m_use));
+            sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
+        }
+        l_i[r] = l_i[r] * alpha[r] + sum;
     }
 }
 
+/* P (fp32, accumulator layout) to the A fragments of P V: pk[n][r] holds columns 8n + 2 t4, + 1 of row g + 8r. */
+template <int NS, typename T> FS_DEV_T void sm90_pack_p(const float (&s)[NS * 4], uint32_t (&pk)[NS][2])
+{
+#pragma unroll
+    for (int n = 0; n < NS; n++) {
+        pk[n][0] = pack2<T>(s[4 * n], s[4 * n + 1]);
+        pk[n][1] = pack2<T>(s[4 * n + 2], s[4 * n + 3]);
+    }
+}
+#endif
+
 template <int D, typename T>
-__global__ void __launch_bounds__(fs_sm90_tile<D>::NWG * 128) attention_fwd_sm90(const fs_sm90_args a)
+__global__ void __launch_bounds__((fs_sm90_tile<D>::NWG + 1) * 128, 1)
+attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                   const __grid_constant__ CUtensorMap map_v, const fs_sm90_args a)
 {
 #ifdef FS_WGMMA
     using tile = fs_sm90_tile<D>;
     constexpr int NWG = tile::NWG, BC = tile::BC, STAGES = tile::STAGES;
-    constexpr int BR = 64 * NWG, THREADS = 128 * NWG, NS = BC / 8, NO = D / 8;
+    constexpr int BR = 64 * NWG, NS = BC / 8, NO = D / 8, HALVES = D / 64, ARRIVALS = 4 * NWG;
     extern __shared__ unsigned char smem_raw[];
-    /* descriptors address 1024-byte swizzle atoms: align the base (the launch adds 1 KiB of slack) */
+    /* TMA's 128-byte swizzle and the wgmma descriptors address 1024-byte atoms: align the base */
     T *sQ = reinterpret_cast<T *>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
-    T *sKV = sQ + BR * D; /* ring: stage s holds K at 2s, V at 2s+1 (BC x D each) */
-
+    T *sK = sQ + BR * D, *sV = sK + STAGES * BC * D; /* stage s at s BC D; 64-column halves BC rows apart */
+    uint64_t *q_full = reinterpret_cast<uint64_t *>(sV + STAGES * BC * D), *q_empty = q_full + 1;
+    uint64_t *k_full = q_empty + 1, *k_empty = k_full + STAGES, *v_full = k_empty + STAGES, *v_empty = v_full + STAGES;
     const fs_attn_params &p = a.p;
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    int qt = blockIdx.x % a.n_qtiles;
-    const int bh = blockIdx.x / a.n_qtiles, b = bh / p.H, h = bh % p.H;
-    if (p.causal) qt = a.n_qtiles - 1 - qt; /* heaviest causal tiles first */
-    const int q0 = qt * BR, q_rows = min(BR, p.Sq - q0);
-    const T *gQ = static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh + (int64_t)q0 * p.q_ss;
-    const T *gK = static_cast<const T *>(p.k) + b * p.k_sb + h * p.k_sh;
-    const T *gV = static_cast<const T *>(p.v) + b * p.v_sb + h * p.v_sh;
-    const int kv_end = p.causal ? min(p.Sk, q0 + BR) : p.Sk, n_kv = (kv_end + BC - 1) / BC;
-
-    /* issue K_t, V_t into ring stage t % STAGES (the group is committed regardless) */
-    auto load_kv = [&](int t) {
-        if (t < n_kv) {
-            T *st = sKV + (t % STAGES) * 2 * BC * D;
-            const int rows = min(BC, p.Sk - t * BC);
-            load_tile_sw128<BC, D, THREADS>(st, gK + (int64_t)t * BC * p.k_ss, p.k_ss, rows, tid);
-            load_tile_sw128<BC, D, THREADS>(st + BC * D, gV + (int64_t)t * BC * p.v_ss, p.v_ss, rows, tid);
+    const int wg = threadIdx.x >> 7;
+    if (threadIdx.x == 0) {
+        mbar_init(q_full, 1);
+        mbar_init(q_empty, ARRIVALS); /* lane 0 of each consumer warp */
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&k_full[s], 1);
+            mbar_init(&k_empty[s], ARRIVALS);
+            mbar_init(&v_full[s], 1);
+            mbar_init(&v_empty[s], ARRIVALS);
         }
-        cp_async_commit();
-    };
-    load_tile_sw128<BR, D, THREADS>(sQ, gQ, p.q_ss, q_rows, tid);
-    for (int s = 0; s < STAGES - 1; s++) load_kv(s);
-
-    float o[NO * 4], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < NO * 4; i++) o[i] = 0.f;
-    const int warp_row = q0 + wg * 64 + warp * 16; /* this thread's rows: warp_row + g and + g + 8 */
-    const uint32_t sQ_addr = smem_addr(sQ) + wg * 64 * 128;
-    const bool prescale = a.scale_log2 <= 0.f;
-    const float mul = prescale ? 1.f : a.scale_log2;
-
-    for (int j = 0; j < n_kv; j++) {
-        cp_async_wait<STAGES - 2>();
-        fence_proxy_async(); /* this thread's copies of tile j, visible to wgmma after the barrier */
-        __syncthreads();     /* tile j landed for all threads; every warpgroup is done with tile j - 1's stage */
-        load_kv(j + STAGES - 1);
-        const uint32_t sK_addr = smem_addr(sKV + (j % STAGES) * 2 * BC * D), sV_addr = sK_addr + BC * D * 2;
-        const int k0 = j * BC;
-
-        /* S = Q_i K_j^T: D/16 k-steps, each advancing 32 bytes inside a 128-byte row (next half at kk = 4) */
-        float s[NS * 4];
-#pragma unroll
-        for (int i = 0; i < NS * 4; i++) s[i] = 0.f;
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss<BC, T>(s, desc_sw128(sQ_addr + (kk >> 2) * BR * 128 + 32 * (kk & 3), 16, 1024),
-                            desc_sw128(sK_addr + (kk >> 2) * BC * 128 + 32 * (kk & 3), 16, 1024), kk > 0);
-        wgmma_commit();
-        wgmma_wait<0>();
-
-        if (prescale)
-#pragma unroll
-            for (int i = 0; i < NS * 4; i++) s[i] *= a.scale_log2;
-        /* mask keys past Sk and, for causal, keys after the query (col > row) */
-        if (k0 + BC > p.Sk || (p.causal && k0 + BC - 1 > warp_row)) {
-#pragma unroll
-            for (int i = 0; i < NS * 4; i++) {
-                const int col = k0 + (i >> 2) * 8 + 2 * t4 + (i & 1), row = warp_row + g + ((i >> 1) & 1) * 8;
-                if (col >= p.Sk || (p.causal && col > row)) s[i] = -INFINITY;
-            }
-        }
-
-        /* m_new = max(m_i, rowmax(S) c);  P = exp2(S c - m_new);  l_i = exp2(m_i - m_new) l_i + rowsum(P);
-         * O_i = exp2(m_i - m_new) O_i. P packed to T pairs (pk[n][r]: row g + 8r) */
-        uint32_t pk[NS][2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-            const float m_new = fmaxf(m_i[r], mx * mul), m_use = m_new == -INFINITY ? 0.f : m_new;
-            const float alpha = exp2_approx(m_i[r] - m_use);
-            m_i[r] = m_new;
-            float sum = 0.f;
-#pragma unroll
-            for (int n = 0; n < NS; n++) {
-                const float p0 = exp2_approx(fmaf(s[4 * n + 2 * r], mul, -m_use));
-                const float p1 = exp2_approx(fmaf(s[4 * n + 2 * r + 1], mul, -m_use));
-                sum += p0 + p1;
-                pk[n][r] = pack2<T>(p0, p1);
-            }
-            l_i[r] = l_i[r] * alpha + sum;
-#pragma unroll
-            for (int n = 0; n < NO; n++) {
-                o[4 * n + 2 * r] *= alpha;
-                o[4 * n + 2 * r + 1] *= alpha;
-            }
-        }
-
-        /* O_i += P V_j: BC/16 k-steps of 16 V rows (2 KiB) each; V's two 64-column halves are BC rows apart */
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++) {
-            const uint32_t af[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
-            wgmma_rs<D, T>(o, af, desc_sw128(sV_addr + kk * 16 * 128, BC * 128, 1024));
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
+        mbar_init_fence();
     }
-    cp_async_wait<0>();
+    __syncthreads();
 
-    /* O_i / l_i (l summed over the four lanes of a row), lse = (m_i + log2 l_i) ln 2; rows with no key: zeros */
-    T *gO = static_cast<T *>(p.o) + b * p.o_sb + h * p.o_sh;
+    if (wg == 0) { /* producer: one thread issues every TMA load */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (threadIdx.x == 0) {
+            int s = 0, phase = 0, q_phase = 0;
+            for (int t = blockIdx.x; t < a.items; t += gridDim.x) {
+                int b, h, qt;
+                sm90_item(a, t, &b, &h, &qt);
+                const int q0 = qt * BR, kv_end = p.causal ? min(p.Sk, q0 + BR) : p.Sk, n_kv = (kv_end + BC - 1) / BC;
+                mbar_wait(q_empty, q_phase ^ 1);
+                mbar_expect_tx(q_full, BR * D * 2);
+                for (int c = 0; c < HALVES; c++) tma_load_4d(sQ + c * BR * 64, &map_q, c * 64, q0, h, b, q_full);
+                q_phase ^= 1;
+                for (int j = 0; j < n_kv; j++) {
+                    mbar_wait(&k_empty[s], phase ^ 1);
+                    mbar_expect_tx(&k_full[s], BC * D * 2);
+                    for (int c = 0; c < HALVES; c++)
+                        tma_load_4d(sK + s * BC * D + c * BC * 64, &map_k, c * 64, j * BC, h, b, &k_full[s]);
+                    mbar_wait(&v_empty[s], phase ^ 1);
+                    mbar_expect_tx(&v_full[s], BC * D * 2);
+                    for (int c = 0; c < HALVES; c++) tma_load_4d(sV + s * BC * D + c * BC * 64, &map_v, c * 64, j * BC, h, b, &v_full[s]);
+                    if (++s == STAGES) { s = 0; phase ^= 1; }
+                }
+            }
+        }
+    } else { /* consumers */
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+        const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+        const uint32_t q_addr = smem_addr(sQ) + cw * 64 * 128, k_base = smem_addr(sK), v_base = smem_addr(sV);
+        int s = 0, phase = 0, q_phase = 0;
+        /* S = Q_i K^T on stage s (landed): D/16 k-steps, each 32 bytes further along a 128-byte row (next half at kk = 4) */
+        auto issue_s = [&](float (&sc)[NS * 4]) {
+            const uint32_t k_addr = k_base + s * BC * D * 2;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float l = l_i[r];
-        l += __shfl_xor_sync(0xffffffff, l, 1);
-        l += __shfl_xor_sync(0xffffffff, l, 2);
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        const int row = warp_row + g + 8 * r;
-        if (row >= p.Sq) continue;
+            for (int kk = 0; kk < D / 16; kk++)
+                wgmma_ss<BC, T>(sc, desc_sw128(q_addr + (kk >> 2) * BR * 128 + 32 * (kk & 3), 16, 1024),
+                                desc_sw128(k_addr + (kk >> 2) * BC * 128 + 32 * (kk & 3), 16, 1024), kk > 0);
+            wgmma_commit();
+        };
+        /* O_i += P V on stage sv (landed): Bc/16 k-steps of 16 V rows (2 KiB) each */
+        auto issue_pv = [&](float (&o)[NO * 4], const uint32_t (&pk)[NS][2], int sv) {
+            const uint32_t v_addr = v_base + sv * BC * D * 2;
 #pragma unroll
-        for (int n = 0; n < NO; n++)
-            *reinterpret_cast<uint32_t *>(gO + (int64_t)row * p.o_ss + n * 8 + 2 * t4) =
-                pack2<T>(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
-        if (p.lse && t4 == 0)
-            static_cast<float *>(p.lse)[b * p.lse_sb + h * p.lse_sh + row] =
-                l > 0.f ? (m_i[r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+            for (int kk = 0; kk < BC / 16; kk++) {
+                const uint32_t af[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
+                wgmma_rs<D, T>(o, af, desc_sw128(v_addr + kk * 16 * 128, BC * 128, 1024));
+            }
+            wgmma_commit();
+        };
+        for (int t = blockIdx.x; t < a.items; t += gridDim.x) {
+            int b, h, qt;
+            sm90_item(a, t, &b, &h, &qt);
+            const int q0 = qt * BR, kv_end = p.causal ? min(p.Sk, q0 + BR) : p.Sk, n_kv = (kv_end + BC - 1) / BC;
+            const int row0 = q0 + cw * 64 + warp * 16 + g; /* this thread's rows: row0 and row0 + 8 */
+            float o[NO * 4], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f}, alpha[2];
+#pragma unroll
+            for (int i = 0; i < NO * 4; i++) o[i] = 0.f;
+            uint32_t pk[NS][2];
+            mbar_wait(q_full, q_phase);
+            q_phase ^= 1;
+
+            /* tile 0: S_0, its softmax (O is still zero) */
+            {
+                float sc[NS * 4];
+                mbar_wait(&k_full[s], phase);
+                wgmma_fence();
+                issue_s(sc);
+                wgmma_wait<0>();
+                if (lane == 0) {
+                    mbar_arrive(&k_empty[s]);
+                    if (n_kv == 1) mbar_arrive(q_empty); /* the item's last Q K^T is done: Q may be refilled */
+                }
+                sm90_softmax<NS>(sc, p, 0, row0, t4, a.scale_log2, m_i, l_i, alpha);
+                sm90_pack_p<NS, T>(sc, pk);
+            }
+            int sv = s, phase_v = phase; /* the stage whose V the pending P V reads */
+            if (++s == STAGES) { s = 0; phase ^= 1; }
+            /* tile j: S_j and P_{j-1} V_{j-1} in flight together; softmax of S_j while P V runs; then O rescaled */
+            for (int j = 1; j < n_kv; j++) {
+                float sc[NS * 4];
+                mbar_wait(&v_full[sv], phase_v); /* loaded before K_j */
+                mbar_wait(&k_full[s], phase);
+                wgmma_fence();
+                issue_s(sc);
+                issue_pv(o, pk, sv);
+                wgmma_wait<1>(); /* S_j landed */
+                if (lane == 0) {
+                    mbar_arrive(&k_empty[s]);
+                    if (j == n_kv - 1) mbar_arrive(q_empty);
+                }
+                sm90_softmax<NS>(sc, p, j * BC, row0, t4, a.scale_log2, m_i, l_i, alpha);
+                wgmma_wait<0>(); /* P_{j-1} V_{j-1} landed */
+                if (lane == 0) mbar_arrive(&v_empty[sv]);
+#pragma unroll
+                for (int n = 0; n < NO; n++) {
+                    o[4 * n] *= alpha[0];
+                    o[4 * n + 1] *= alpha[0];
+                    o[4 * n + 2] *= alpha[1];
+                    o[4 * n + 3] *= alpha[1];
+                }
+                sm90_pack_p<NS, T>(sc, pk);
+                sv = s;
+                phase_v = phase;
+                if (++s == STAGES) { s = 0; phase ^= 1; }
+            }
+            mbar_wait(&v_full[sv], phase_v);
+            wgmma_fence();
+            issue_pv(o, pk, sv);
+            wgmma_wait<0>();
+            if (lane == 0) mbar_arrive(&v_empty[sv]);
+
+            /* O_i / l_i (l summed over the four lanes of a row), lse = (m_i + log2 l_i) ln 2 */
+            T *gO = static_cast<T *>(p.o) + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float l = l_i[r];
+                l += __shfl_xor_sync(0xffffffff, l, 1);
+                l += __shfl_xor_sync(0xffffffff, l, 2);
+                const float inv = l > 0.f ? 1.f / l : 0.f;
+                const int row = row0 + 8 * r;
+                if (row >= p.Sq) continue;
+#pragma unroll
+                for (int n = 0; n < NO; n++)
+                    *reinterpret_cast<uint32_t *>(gO + (int64_t)row * p.o_ss + n * 8 + 2 * t4) =
+                        pack2<T>(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
+                if (p.lse && t4 == 0)
+                    static_cast<float *>(p.lse)[b * p.lse_sb + h * p.lse_sh + row] =
+                        l > 0.f ? (m_i[r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+            }
+        }
     }
 #endif
 }
 
-/* Launch one head dim (grid = query tiles x batch*heads), or only describe it. */
+/* A 4-D tensor map over one of q, k, v as (D, S, H, B) read in boxes of 64 columns x rows; a size-1 dim gets
+ * a nominal stride (TMA wants every stride a nonzero multiple of 16 bytes). */
+static cudaError_t sm90_map(CUtensorMap *map, const void *base, int bf16, int S, int H, int B, int D, int64_t ss,
+                            int64_t sh, int64_t sb, int rows)
+{
+    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)S, (cuuint64_t)H, (cuuint64_t)B};
+    cuuint64_t strides[3] = {(cuuint64_t)ss * 2, (cuuint64_t)sh * 2, (cuuint64_t)sb * 2};
+    cuuint64_t extent = (cuuint64_t)D * 2;
+    for (int i = 0; i < 3; i++) {
+        if (dims[i + 1] == 1) strides[i] = extent;
+        extent = strides[i] * dims[i + 1];
+    }
+    const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1};
+    return fs_make_tensor_map(map, base, bf16, 4, dims, strides, box);
+}
+
+/* Launch one head dim on a persistent grid (one block per SM, at most one per work item), or only describe it. */
 template <int D, typename T>
-static cudaError_t launch(const fs_attn_params *p, int device, cudaStream_t stream, fs_sm80_plan *plan)
+static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan)
 {
     using tile = fs_sm90_tile<D>;
-    constexpr int BR = 64 * tile::NWG, THREADS = 128 * tile::NWG;
-    constexpr int SMEM = (BR + 2 * tile::BC * tile::STAGES) * D * (int)sizeof(T) + 1024;
+    constexpr int BR = 64 * tile::NWG, THREADS = 128 * (tile::NWG + 1), SMEM = sm90_smem<D>();
     static unsigned long long prepared;
     const void *kernel = (const void *)attention_fwd_sm90<D, T>;
-    if (device >= 64 || !((prepared >> device) & 1ULL)) {
-        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
-        if (err != cudaSuccess) return err;
-        if (device < 64) prepared |= 1ULL << device;
-    }
     fs_sm90_args a;
     a.p = *p;
     a.scale_log2 = (float)(p->scale * 1.4426950408889634);
     a.n_qtiles = (p->Sq + BR - 1) / BR;
-    const long long blocks = (long long)p->B * p->H * a.n_qtiles;
-    if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    const long long items = (long long)p->B * p->H * a.n_qtiles;
+    if (items > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    a.items = (int)items;
+    const int grid = items < sm_count ? (int)items : sm_count;
     if (plan) {
-        plan->small = 0;
-        plan->br = BR;
-        plan->bc = tile::BC;
-        plan->threads = THREADS;
-        plan->smem = SMEM;
-        plan->n_qtiles = a.n_qtiles;
-        plan->n_splits = 1;
-        plan->blocks = blocks;
-        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&plan->blocks_per_sm, kernel, THREADS, SMEM);
+        *plan = fs_sm80_plan{0, BR, tile::BC, THREADS, SMEM, a.n_qtiles, 1, 1, grid};
+        return cudaSuccess;
     }
-    void *args[] = {&a};
-    return cudaLaunchKernel(kernel, dim3((unsigned)blocks), dim3(THREADS), args, SMEM, stream);
+    const int bf16 = p->dtype == FS_BF16;
+    CUtensorMap mq, mk, mv;
+    cudaError_t err = sm90_map(&mq, p->q, bf16, p->Sq, p->H, p->B, D, p->q_ss, p->q_sh, p->q_sb, BR);
+    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, p->Sk, p->H, p->B, D, p->k_ss, p->k_sh, p->k_sb, tile::BC);
+    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, p->Sk, p->H, p->B, D, p->v_ss, p->v_sh, p->v_sb, tile::BC);
+    if (err == cudaSuccess) err = prepare_kernel(kernel, SMEM, device, &prepared);
+    if (err != cudaSuccess) return err;
+    void *args[] = {&mq, &mk, &mv, &a};
+    err = cudaLaunchKernel(kernel, dim3(grid), dim3(THREADS), args, SMEM, stream);
+    return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 template <typename T>
-static cudaError_t launch_dtype(const fs_attn_params *p, int device, cudaStream_t stream, fs_sm80_plan *plan)
+static cudaError_t launch_dtype(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan)
 {
-    return p->D == 64 ? launch<64, T>(p, device, stream, plan) : launch<128, T>(p, device, stream, plan);
+    return p->D == 64 ? launch<64, T>(p, device, sm_count, stream, plan) : launch<128, T>(p, device, sm_count, stream, plan);
+}
+
+/* Every stride of a dim longer than 1 nonzero (TMA cannot broadcast) and below 2^39 elements. */
+static int strides_ok(int S, int H, int B, int64_t ss, int64_t sh, int64_t sb)
+{
+    const int64_t lim = 1LL << 39;
+    return (S == 1 || (ss > 0 && ss < lim)) && (H == 1 || (sh > 0 && sh < lim)) && (B == 1 || (sb > 0 && sb < lim));
 }
 
 extern "C" int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count)
 {
 #ifdef FLASHSCI_SM90A
     const int br = 64 * 2;
-    /* D = 64 stays on the sm80 kernel: v1 here runs it at 213-276 TF/s against sm80's 264-296 */
-    return (p->dtype == FS_F16 || p->dtype == FS_BF16) && p->D == 128 && !p->cu_seqlens_q && !p->kpm &&
-           !p->seqlens && !p->bias && !p->t5_table && !p->rotary && (long long)p->B * p->H * ((p->Sq + br - 1) / br) >= sm_count;
+    return (p->dtype == FS_F16 || p->dtype == FS_BF16) && (p->D == 64 || p->D == 128) && p->Sq > 0 && p->Sk > 0 &&
+           !p->cu_seqlens_q && !p->kpm && !p->seqlens && !p->bias && !p->t5_table && !p->rotary &&
+           strides_ok(p->Sq, p->H, p->B, p->q_ss, p->q_sh, p->q_sb) && strides_ok(p->Sk, p->H, p->B, p->k_ss, p->k_sh, p->k_sb) &&
+           strides_ok(p->Sk, p->H, p->B, p->v_ss, p->v_sh, p->v_sb) &&
+           (long long)p->B * p->H * ((p->Sq + br - 1) / br) >= sm_count;
 #else
     (void)p; (void)sm_count;
     return 0;
 #endif
 }
 
-extern "C" cudaError_t fs_attention_sm90(const fs_attn_params *p, int device, cudaStream_t stream, fs_sm80_plan *plan)
+extern "C" cudaError_t fs_attention_sm90(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan)
 {
-    return p->dtype == FS_F16 ? launch_dtype<__half>(p, device, stream, plan) : launch_dtype<__nv_bfloat16>(p, device, stream, plan);
+    return p->dtype == FS_F16 ? launch_dtype<__half>(p, device, sm_count, stream, plan)
+                              : launch_dtype<__nv_bfloat16>(p, device, sm_count, stream, plan);
 }

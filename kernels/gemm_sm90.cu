@@ -32,7 +32,7 @@
 
 #include "gemm_cuda.h"
 #include "gemm_epilogue.cuh"
-#include "wgmma.cuh"
+#include "tma.cuh"
 
 /* ---- tile configuration, one place ---- */
 #define BM 128
@@ -50,37 +50,6 @@ typedef struct {
     int tiles_m, tiles_n, tiles;
 } fs_gemm90_args;
 
-#ifdef FS_WGMMA
-/* ---- mbarrier and TMA PTX ---- */
-FS_DEV void mbar_init(uint64_t *bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
-}
-/* Arrive once and add tx bytes the phase must also see land. */
-FS_DEV void mbar_expect_tx(uint64_t *bar, uint32_t tx)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(tx) : "memory");
-}
-FS_DEV void mbar_arrive(uint64_t *bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-/* Wait until the phase of the given parity has completed. */
-FS_DEV void mbar_wait(uint64_t *bar, int parity)
-{
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
-    } while (!done);
-}
-/* TMA: the box at (col, row) of a 2-D tensor map into shared memory, completing on bar. */
-FS_DEV void tma_load_2d(void *dst, const CUtensorMap *map, int col, int row, uint64_t *bar)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                 ::"r"(smem_addr(dst)), "l"(map), "r"(col), "r"(row), "r"(smem_addr(bar)) : "memory");
-}
-#endif
 
 /* Store a consumer warpgroup's 64 x BN accumulators (NA per thread) from row0 / col0 of this thread; bias
  * holds the tile's BN bias values in shared memory (NULL: none). Column chunks are fenced from each other so
@@ -124,7 +93,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             mbar_init(&full[s], 1);
             mbar_init(&empty[s], 8); /* lane 0 of each consumer warp */
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
 
@@ -194,35 +163,12 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
 
 /* ---- host: tensor maps and launch ---- */
 
-typedef CUresult (*fs_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                       const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                       CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-/* cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda). */
-static fs_encode_tiled_fn encode_tiled(void)
-{
-    static fs_encode_tiled_fn fn;
-    if (!fn) {
-        void *ptr = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (fs_encode_tiled_fn)ptr;
-    }
-    return fn;
-}
-
 /* A 2-D tensor map over rows x K elements (row stride ld) read in boxes of box_rows x BK, 128-byte swizzle. */
 static cudaError_t make_map(CUtensorMap *map, const void *base, fs_dtype dt, int rows, int K, int64_t ld, int box_rows)
 {
-    fs_encode_tiled_fn encode = encode_tiled();
-    if (!encode) return cudaErrorNotSupported;
     const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
-    const cuuint32_t box[2] = {BK, (cuuint32_t)box_rows}, estrides[2] = {1, 1};
-    CUresult r = encode(map, dt == FS_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-                        const_cast<void *>(base), dims, strides, box, estrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+    const cuuint32_t box[2] = {BK, (cuuint32_t)box_rows};
+    return fs_make_tensor_map(map, base, dt == FS_BF16, 2, dims, strides, box);
 }
 
 template <int BN, typename T, bool SWIGLU>

@@ -243,22 +243,37 @@ def test_cuda_array_interface_stream_is_honoured():
 
 
 def test_hopper_dispatch():
-    """On sm_90 devices large fp16/bf16 problems at D = 128 run on the wgmma kernel; the rest on sm80."""
+    """On sm_90 devices large fp16/bf16 problems at D = 64 and 128 run on the wgmma kernel (a persistent grid of
+    at most one block per SM); small ones and other head dims on sm80."""
     major, _ = torch.cuda.get_device_capability()
-    plan = flashsci._flashsci._launch_plan(8, 32, 1024, 1024, 128, False)
-    small = flashsci._flashsci._launch_plan(1, 1, 128, 128, 64, False)
-    assert small["kernel"] == "sm80"
-    if major == 9 and "90a" in flashsci.build_info()["cuda_architectures"]:
-        assert plan["kernel"] == "sm90"
-        assert flashsci._flashsci._launch_plan(8, 40, 1024, 1024, 64, False)["kernel"] == "sm80"
-    else:
-        assert plan["kernel"] == "sm80"
+    plans = [flashsci._flashsci._launch_plan(8, h, 1024, 1024, d, False) for h, d in ((32, 128), (40, 64))]
+    assert flashsci._flashsci._launch_plan(1, 1, 128, 128, 64, False)["kernel"] == "sm80"
+    assert flashsci._flashsci._launch_plan(8, 40, 1024, 1024, 96, False)["kernel"] == "sm80"
+    hopper = major == 9 and "90a" in flashsci.build_info()["cuda_architectures"]
+    for plan in plans:
+        assert plan["kernel"] == ("sm90" if hopper else "sm80")
+        if hopper:
+            assert plan["blocks"] == plan["sm_count"] and plan["waves"] <= 1.0
 
 
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("layout,strided", [("bhsd", False), ("bshd", True)])
-def test_hopper_kernel_shapes(layout, strided, causal, dtype):
-    """Enough heads to take the sm90 path on Hopper (D = 128): odd lengths, Sq != Sk, strides, scale, lse."""
-    check(4, 40, 333, 517, 128, causal=causal, dtype=dtype, layout=layout, strided=strided, scale=0.07, lse=True)
-    check(3, 45, 1000, 77, 128, causal=causal, dtype=dtype, layout=layout)
+def test_hopper_kernel_shapes(layout, strided, causal, dtype, d):
+    """Enough heads to take the sm90 path on Hopper: odd lengths, Sq != Sk both ways, strides, scale, lse, and
+    many work items per persistent block."""
+    check(4, 40, 333, 517, d, causal=causal, dtype=dtype, layout=layout, strided=strided, scale=0.07, lse=True)
+    check(3, 45, 1000, 77, d, causal=causal, dtype=dtype, layout=layout)
+    check(2, 70, 129, 1100, d, causal=causal, dtype=dtype, layout=layout, strided=strided, lse=True)
+
+
+def test_hopper_broadcast_heads():
+    """K and V expanded over heads (stride 0, GQA-style) cannot go through TMA: they still give the right answer."""
+    q = torch.randn(4, 40, 300, 64, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(4, 1, 300, 64, device="cuda", dtype=torch.float16).expand(4, 40, 300, 64) for _ in range(2))
+    out = flashsci.attention(q, k, v)
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    mine = (out.double() - ref).abs().max().item()
+    theirs = (F.scaled_dot_product_attention(q, k, v).double() - ref).abs().max().item()
+    assert mine <= 2 * theirs + 1e-6
