@@ -109,6 +109,12 @@ FS_DEV void sm90_softmax(float (&s)[NS * 4], const fs_attn_params &p, int k0, in
     }
 }
 
+/* Named barriers 1..NWG order the consumer warpgroups' GEMM issues (ping-pong, FlashAttention-3): warpgroup w
+ * issues after warpgroup w - 1 has, so one warpgroup's softmax runs while the next one's GEMMs hold the
+ * tensor cores. bar.sync waits for the 128 arrivals of the previous warpgroup besides its own 128. */
+FS_DEV void issue_turn_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); }
+template <int NWG> FS_DEV_T void issue_turn_pass(int cw) { asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (cw + 1) % NWG) : "memory"); }
+
 /* P (fp32, accumulator layout) to the A fragments of P V: pk[n][r] holds columns 8n + 2 t4, + 1 of row g + 8r. */
 template <int NS, typename T> FS_DEV_T void sm90_pack_p(const float (&s)[NS * 4], uint32_t (&pk)[NS][2])
 {
@@ -177,6 +183,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     } else { /* consumers */
         asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
         const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+        if (cw == NWG - 1) issue_turn_pass<NWG>(cw); /* the first warpgroup issues first */
         const uint32_t q_addr = smem_addr(sQ) + cw * 64 * 128, k_base = smem_addr(sK), v_base = smem_addr(sV);
         int s = 0, phase = 0, q_phase = 0;
         /* S = Q_i K^T on stage s (landed): D/16 k-steps, each 32 bytes further along a 128-byte row (next half at kk = 4) */
@@ -214,8 +221,10 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             {
                 float sc[NS * 4];
                 mbar_wait(&k_full[s], phase);
+                issue_turn_wait(cw);
                 wgmma_fence();
                 issue_s(sc);
+                issue_turn_pass<NWG>(cw);
                 wgmma_wait<0>();
                 if (lane == 0) {
                     mbar_arrive(&k_empty[s]);
@@ -231,9 +240,11 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 float sc[NS * 4];
                 mbar_wait(&v_full[sv], phase_v); /* loaded before K_j */
                 mbar_wait(&k_full[s], phase);
+                issue_turn_wait(cw);
                 wgmma_fence();
                 issue_s(sc);
                 issue_pv(o, pk, sv);
+                issue_turn_pass<NWG>(cw);
                 wgmma_wait<1>(); /* S_j landed */
                 if (lane == 0) {
                     mbar_arrive(&k_empty[s]);
@@ -255,8 +266,10 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 if (++s == STAGES) { s = 0; phase ^= 1; }
             }
             mbar_wait(&v_full[sv], phase_v);
+            issue_turn_wait(cw);
             wgmma_fence();
             issue_pv(o, pk, sv);
+            issue_turn_pass<NWG>(cw);
             wgmma_wait<0>();
             if (lane == 0) mbar_arrive(&v_empty[sv]);
 
