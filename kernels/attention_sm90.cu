@@ -36,17 +36,20 @@
 #include "attention_cuda.h"
 #include "tma.cuh"
 
-/* ---- tile configuration, one place: consumer warpgroups (Br = 64 NWG), Bc, K/V ring stages ---- */
-template <int D> struct fs_sm90_tile;
-/*                                         NWG  BC   STAGES */
-template <> struct fs_sm90_tile<64>  { enum { NWG = 2, BC = 128, STAGES = 4 }; };
-template <> struct fs_sm90_tile<128> { enum { NWG = 2, BC = 128, STAGES = 2 }; };
+/* ---- tile configuration, one place: per (D, Bc), consumer warpgroups (Br = 64 NWG) and K/V ring stages.
+ * D = 64 takes Bc = 192 on long non-causal key ranges that waste little of a last 192-key tile
+ * (sm90_wide_keys), Bc = 128 otherwise ---- */
+template <int D, int BC> struct fs_sm90_tile;
+/*                                              NWG  STAGES */
+template <> struct fs_sm90_tile<64, 128>  { enum { NWG = 2, STAGES = 4 }; };
+template <> struct fs_sm90_tile<64, 192>  { enum { NWG = 2, STAGES = 4 }; };
+template <> struct fs_sm90_tile<128, 128> { enum { NWG = 2, STAGES = 2 }; };
 
 /* shared memory: Q tile, K ring, V ring (1024-byte aligned), then the mbarriers; plus 1 KiB alignment slack */
-template <int D> constexpr int sm90_smem()
+template <int D, int BC> constexpr int sm90_smem()
 {
-    using t = fs_sm90_tile<D>;
-    return (64 * t::NWG + 2 * t::STAGES * t::BC) * D * 2 + (2 + 4 * t::STAGES) * 8 + 1024;
+    using t = fs_sm90_tile<D, BC>;
+    return (64 * t::NWG + 2 * t::STAGES * BC) * D * 2 + (2 + 4 * t::STAGES) * 8 + 1024;
 }
 
 typedef struct {
@@ -126,14 +129,14 @@ template <int NS, typename T> FS_DEV_T void sm90_pack_p(const float (&s)[NS * 4]
 }
 #endif
 
-template <int D, typename T>
-__global__ void __launch_bounds__((fs_sm90_tile<D>::NWG + 1) * 128, 1)
+template <int D, int BC, typename T>
+__global__ void __launch_bounds__((fs_sm90_tile<D, BC>::NWG + 1) * 128, 1)
 attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                    const __grid_constant__ CUtensorMap map_v, const fs_sm90_args a)
 {
 #ifdef FS_WGMMA
-    using tile = fs_sm90_tile<D>;
-    constexpr int NWG = tile::NWG, BC = tile::BC, STAGES = tile::STAGES;
+    using tile = fs_sm90_tile<D, BC>;
+    constexpr int NWG = tile::NWG, STAGES = tile::STAGES;
     constexpr int BR = 64 * NWG, NS = BC / 8, NO = D / 8, HALVES = D / 64, ARRIVALS = 4 * NWG;
     extern __shared__ unsigned char smem_raw[];
     /* TMA's 128-byte swizzle and the wgmma descriptors address 1024-byte atoms: align the base */
@@ -312,14 +315,14 @@ static cudaError_t sm90_map(CUtensorMap *map, const void *base, int bf16, int S,
     return fs_make_tensor_map(map, base, bf16, 4, dims, strides, box);
 }
 
-/* Launch one head dim on a persistent grid (one block per SM, at most one per work item), or only describe it. */
-template <int D, typename T>
+/* Launch one tile shape on a persistent grid (one block per SM, at most one per work item), or only describe it. */
+template <int D, int BC, typename T>
 static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan)
 {
-    using tile = fs_sm90_tile<D>;
-    constexpr int BR = 64 * tile::NWG, THREADS = 128 * (tile::NWG + 1), SMEM = sm90_smem<D>();
+    using tile = fs_sm90_tile<D, BC>;
+    constexpr int BR = 64 * tile::NWG, THREADS = 128 * (tile::NWG + 1), SMEM = sm90_smem<D, BC>();
     static unsigned long long prepared;
-    const void *kernel = (const void *)attention_fwd_sm90<D, T>;
+    const void *kernel = (const void *)attention_fwd_sm90<D, BC, T>;
     fs_sm90_args a;
     a.p = *p;
     a.scale_log2 = (float)(p->scale * 1.4426950408889634);
@@ -329,14 +332,14 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     a.items = (int)items;
     const int grid = items < sm_count ? (int)items : sm_count;
     if (plan) {
-        *plan = fs_sm80_plan{0, BR, tile::BC, THREADS, SMEM, a.n_qtiles, 1, 1, grid};
+        *plan = fs_sm80_plan{0, BR, BC, THREADS, SMEM, a.n_qtiles, 1, 1, grid};
         return cudaSuccess;
     }
     const int bf16 = p->dtype == FS_BF16;
     CUtensorMap mq, mk, mv;
     cudaError_t err = sm90_map(&mq, p->q, bf16, p->Sq, p->H, p->B, D, p->q_ss, p->q_sh, p->q_sb, BR);
-    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, p->Sk, p->H, p->B, D, p->k_ss, p->k_sh, p->k_sb, tile::BC);
-    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, p->Sk, p->H, p->B, D, p->v_ss, p->v_sh, p->v_sb, tile::BC);
+    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, p->Sk, p->H, p->B, D, p->k_ss, p->k_sh, p->k_sb, BC);
+    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, p->Sk, p->H, p->B, D, p->v_ss, p->v_sh, p->v_sb, BC);
     if (err == cudaSuccess) err = prepare_kernel(kernel, SMEM, device, &prepared);
     if (err != cudaSuccess) return err;
     void *args[] = {&mq, &mk, &mv, &a};
@@ -344,10 +347,20 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 
+/* Bc = 192 at D = 64: non-causal, with at most 1/16 of the last tile's keys past Sk (H200, S = 8192: 474 TF/s
+ * against 442 with Bc = 128; at S = 1024, where 192 leaves a third of the last tile empty, 358 against 384). */
+static int sm90_wide_keys(const fs_attn_params *p)
+{
+    const long long padded = ((long long)p->Sk + 191) / 192 * 192;
+    return p->D == 64 && !p->causal && (padded - p->Sk) * 16 <= p->Sk;
+}
+
 template <typename T>
 static cudaError_t launch_dtype(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan)
 {
-    return p->D == 64 ? launch<64, T>(p, device, sm_count, stream, plan) : launch<128, T>(p, device, sm_count, stream, plan);
+    if (p->D == 128) return launch<128, 128, T>(p, device, sm_count, stream, plan);
+    return sm90_wide_keys(p) ? launch<64, 192, T>(p, device, sm_count, stream, plan)
+                             : launch<64, 128, T>(p, device, sm_count, stream, plan);
 }
 
 /* Every stride of a dim longer than 1 nonzero (TMA cannot broadcast) and below 2^39 elements. */
