@@ -14,8 +14,11 @@
  *                        l_i <- alpha l_i + rowsum(P_j), alpha = exp2(m_old - m_i)   (c = scale log2 e)
  *   O_i <- alpha O_i + P_j V_j   wgmma m64 n(D) k16, A = P from registers (the S accumulator layout is the
  *                        A fragment layout), B = V from shared memory (MN-major: the transpose bit)
- * Intra-warpgroup pipelining (FlashAttention-3): S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued together,
- * and the softmax of S_{j+1} runs while P_j V_j is still on the tensor cores; O is rescaled once that lands.
+ * Per tile, S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued together (one wait for both GEMMs' operands);
+ * the two consumer warpgroups take turns issuing (ping-pong on named barriers, FlashAttention-3), so one
+ * warpgroup's softmax runs while the other's GEMMs hold the tensor cores. The softmax of S_{j+1} is written
+ * to overlap P_j V_j as well, but ptxas schedules the wait for P_j V_j ahead of it (the exponentials follow
+ * WARPGROUP.DEPBAR.LE 0 in the SASS): that overlap does not happen in this version (benchmarks/NOTES.md).
  * Tiles are 64-column halves of 128-byte rows with the 128-byte swizzle, as TMA writes them and as the
  * wgmma descriptors name them; TMA zero-fills rows past the sequence ends.
  *
@@ -26,7 +29,13 @@
  *   v1  2 warpgroups (Br = 128), Bc = 128, cp.async ring filled by all threads, a block barrier per tile,
  *       wgmma waited after each GEMM                                      213-274 / 272-367
  *   v2  producer warpgroup with TMA and full/empty mbarriers (setmaxnreg 24 / 240), persistent grid,
- *       S_{j+1} and P_j V_j in flight during the softmax
+ *       S_{j+1} and P_j V_j issued together; D = 64 dispatched here too      352-431 / 435-533
+ *   v3  ping-pong: the consumer warpgroups issue their GEMMs in turn; D = 64 with Bc = 192 on long
+ *       non-causal key ranges                                               352-447 / 457-587
+ *       (same run: cuDNN 359-442 / 512-588; causal 214-387 / 251-504 against cuDNN 266-425 / 339-524)
+ *       Tried and dropped (NOTES.md): D = 128 with Bc = 176 or 3 stages (no gain); one tile stream across
+ *       work items with a double-buffered Q and the P V wait moved to another basic block (the softmax then
+ *       overlaps P V in the SASS): 7-12% slower on every shape.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
