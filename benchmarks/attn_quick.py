@@ -2,12 +2,12 @@
 flashsci against SDPA's cuDNN and flash backends on a few large configs, CUDA events, median of 20 after warm-up.
     python benchmarks/attn_quick.py [--dtype bfloat16]"""
 import argparse
-import statistics
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashsci
+from flashsci.bench import _median_event_time_us
 
 F = torch.nn.functional
 CONFIGS = [(8, 40, 1024, 64, False), (8, 18, 1024, 64, False), (8, 32, 1024, 128, False), (2, 32, 8192, 64, False),
@@ -18,15 +18,7 @@ CONFIGS = [(8, 40, 1024, 64, False), (8, 18, 1024, 64, False), (8, 32, 1024, 128
 def time_us(fn, reps=20):
     for _ in range(3):
         fn()
-    times = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3)
-    return statistics.median(times)
+    return _median_event_time_us(torch, fn, 1, iters=reps)
 
 
 def main():
