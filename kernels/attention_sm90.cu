@@ -372,12 +372,14 @@ static cudaError_t launch_dtype(const fs_attn_params *p, int device, int sm_coun
                              : launch<64, 128, T>(p, device, sm_count, stream, plan);
 }
 
+#ifdef FLASHSCI_SM90A
 /* Every stride of a dim longer than 1 nonzero (TMA cannot broadcast) and below 2^39 elements. */
 static int strides_ok(int S, int H, int B, int64_t ss, int64_t sh, int64_t sb)
 {
     const int64_t lim = 1LL << 39;
     return (S == 1 || (ss > 0 && ss < lim)) && (H == 1 || (sh > 0 && sh < lim)) && (B == 1 || (sb > 0 && sb < lim));
 }
+#endif
 
 extern "C" int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count)
 {
