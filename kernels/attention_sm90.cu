@@ -247,7 +247,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             }
             int sv = s, phase_v = phase; /* the stage whose V the pending P V reads */
             if (++s == STAGES) { s = 0; phase ^= 1; }
-            /* tile j: S_j and P_{j-1} V_{j-1} in flight together; softmax of S_j while P V runs; then O rescaled */
+            /* tile j: S_j and P_{j-1} V_{j-1} issued together; the softmax of S_j, then O rescaled once P V landed
+             * (ptxas puts that wait ahead of the softmax: see the header) */
             for (int j = 1; j < n_kv; j++) {
                 float sc[NS * 4];
                 mbar_wait(&v_full[sv], phase_v); /* loaded before K_j */
