@@ -53,6 +53,9 @@ template <int D, int BC> struct fs_sm90_tile;
 template <> struct fs_sm90_tile<64, 128>  { enum { NWG = 2, STAGES = 4 }; };
 template <> struct fs_sm90_tile<64, 192>  { enum { NWG = 2, STAGES = 4 }; };
 template <> struct fs_sm90_tile<128, 128> { enum { NWG = 2, STAGES = 2 }; };
+static_assert((int)fs_sm90_tile<64, 192>::NWG == (int)fs_sm90_tile<64, 128>::NWG &&
+              (int)fs_sm90_tile<128, 128>::NWG == (int)fs_sm90_tile<64, 128>::NWG,
+              "one Br for every tile shape: fs_attention_sm90_covers counts query tiles with it");
 
 /* shared memory: Q tile, K ring, V ring (1024-byte aligned), then the mbarriers; plus 1 KiB alignment slack */
 template <int D, int BC> constexpr int sm90_smem()
@@ -68,14 +71,17 @@ typedef struct {
 } fs_sm90_args;
 
 #ifdef FS_WGMMA
-/* Work item t: (b, h, query tile). Non-causal: tiles of one head adjacent (K/V shared in L2); causal: the
- * heaviest tiles (last rows) of every head first. */
-FS_DEV void sm90_item(const fs_sm90_args &a, int t, int *b, int *h, int *qt)
+/* Work item t: (b, h, query tile from row q0), reading n_kv K/V tiles of Bc rows. Non-causal: the tiles of one
+ * head adjacent (K/V shared in L2); causal: the heaviest tiles (last rows) of every head first. */
+typedef struct {
+    int b, h, q0, n_kv;
+} sm90_work;
+FS_DEV sm90_work sm90_item(const fs_sm90_args &a, int t, int br, int bc)
 {
     const int bh_count = a.p.B * a.p.H, bh = a.p.causal ? t % bh_count : t / a.n_qtiles;
-    *qt = a.p.causal ? a.n_qtiles - 1 - t / bh_count : t % a.n_qtiles;
-    *b = bh / a.p.H;
-    *h = bh % a.p.H;
+    const int q0 = (a.p.causal ? a.n_qtiles - 1 - t / bh_count : t % a.n_qtiles) * br;
+    const int kv_end = a.p.causal ? min(a.p.Sk, q0 + br) : a.p.Sk;
+    return sm90_work{bh / a.p.H, bh % a.p.H, q0, (kv_end + bc - 1) / bc};
 }
 
 /* Online softmax of one S tile in place (NS column groups of 8, rows g and g + 8 of this thread's warp): masks,
@@ -172,22 +178,21 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (threadIdx.x == 0) {
             int s = 0, phase = 0, q_phase = 0;
+            /* rows row0.. of (b, h) into a tile of `rows` rows once `empty` has completed the phase of the given
+             * parity, completing on `full`: one box per 64-column half */
+            auto load = [&](T *tile, const CUtensorMap *map, int rows, int row0, int b, int h, uint64_t *full,
+                            uint64_t *empty, int parity) {
+                mbar_wait(empty, parity);
+                mbar_expect_tx(full, rows * D * 2);
+                for (int c = 0; c < HALVES; c++) tma_load_4d(tile + c * rows * 64, map, c * 64, row0, h, b, full);
+            };
             for (int t = blockIdx.x; t < a.items; t += gridDim.x) {
-                int b, h, qt;
-                sm90_item(a, t, &b, &h, &qt);
-                const int q0 = qt * BR, kv_end = p.causal ? min(p.Sk, q0 + BR) : p.Sk, n_kv = (kv_end + BC - 1) / BC;
-                mbar_wait(q_empty, q_phase ^ 1);
-                mbar_expect_tx(q_full, BR * D * 2);
-                for (int c = 0; c < HALVES; c++) tma_load_4d(sQ + c * BR * 64, &map_q, c * 64, q0, h, b, q_full);
+                const sm90_work w = sm90_item(a, t, BR, BC);
+                load(sQ, &map_q, BR, w.q0, w.b, w.h, q_full, q_empty, q_phase ^ 1);
                 q_phase ^= 1;
-                for (int j = 0; j < n_kv; j++) {
-                    mbar_wait(&k_empty[s], phase ^ 1);
-                    mbar_expect_tx(&k_full[s], BC * D * 2);
-                    for (int c = 0; c < HALVES; c++)
-                        tma_load_4d(sK + s * BC * D + c * BC * 64, &map_k, c * 64, j * BC, h, b, &k_full[s]);
-                    mbar_wait(&v_empty[s], phase ^ 1);
-                    mbar_expect_tx(&v_full[s], BC * D * 2);
-                    for (int c = 0; c < HALVES; c++) tma_load_4d(sV + s * BC * D + c * BC * 64, &map_v, c * 64, j * BC, h, b, &v_full[s]);
+                for (int j = 0; j < w.n_kv; j++) {
+                    load(sK + s * BC * D, &map_k, BC, j * BC, w.b, w.h, &k_full[s], &k_empty[s], phase ^ 1);
+                    load(sV + s * BC * D, &map_v, BC, j * BC, w.b, w.h, &v_full[s], &v_empty[s], phase ^ 1);
                     if (++s == STAGES) { s = 0; phase ^= 1; }
                 }
             }
@@ -218,10 +223,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             wgmma_commit();
         };
         for (int t = blockIdx.x; t < a.items; t += gridDim.x) {
-            int b, h, qt;
-            sm90_item(a, t, &b, &h, &qt);
-            const int q0 = qt * BR, kv_end = p.causal ? min(p.Sk, q0 + BR) : p.Sk, n_kv = (kv_end + BC - 1) / BC;
-            const int row0 = q0 + cw * 64 + warp * 16 + g; /* this thread's rows: row0 and row0 + 8 */
+            const sm90_work w = sm90_item(a, t, BR, BC);
+            const int n_kv = w.n_kv, row0 = w.q0 + cw * 64 + warp * 16 + g; /* this thread's rows: row0, row0 + 8 */
             float o[NO * 4], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f}, alpha[2];
 #pragma unroll
             for (int i = 0; i < NO * 4; i++) o[i] = 0.f;
@@ -287,7 +290,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             if (lane == 0) mbar_arrive(&v_empty[sv]);
 
             /* O_i / l_i (l summed over the four lanes of a row), lse = (m_i + log2 l_i) ln 2 */
-            T *gO = static_cast<T *>(p.o) + b * p.o_sb + h * p.o_sh;
+            T *gO = static_cast<T *>(p.o) + w.b * p.o_sb + w.h * p.o_sh;
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 float l = l_i[r];
@@ -301,7 +304,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                     *reinterpret_cast<uint32_t *>(gO + (int64_t)row * p.o_ss + n * 8 + 2 * t4) =
                         pack2<T>(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
                 if (p.lse && t4 == 0)
-                    static_cast<float *>(p.lse)[b * p.lse_sb + h * p.lse_sh + row] =
+                    static_cast<float *>(p.lse)[w.b * p.lse_sb + w.h * p.lse_sh + row] =
                         l > 0.f ? (m_i[r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
             }
         }
@@ -385,7 +388,7 @@ static int strides_ok(int S, int H, int B, int64_t ss, int64_t sh, int64_t sb)
 extern "C" int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count)
 {
 #ifdef FLASHSCI_SM90A
-    const int br = 64 * 2;
+    const int br = 64 * fs_sm90_tile<64, 128>::NWG; /* every tile shape has this Br */
     return (p->dtype == FS_F16 || p->dtype == FS_BF16) && (p->D == 64 || p->D == 128) && p->Sq > 0 && p->Sk > 0 &&
            !p->cu_seqlens_q && !p->kpm && !p->seqlens && !p->bias && !p->t5_table && !p->rotary &&
            strides_ok(p->Sq, p->H, p->B, p->q_ss, p->q_sh, p->q_sb) && strides_ok(p->Sk, p->H, p->B, p->k_ss, p->k_sh, p->k_sb) &&
