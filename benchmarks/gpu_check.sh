@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build for its own architecture, GPU tests, compute-sanitizer, benchmark.
-#   STEPS="build test sanitize bench" BENCH_ARGS="--sets seed,protein,sweep" bash benchmarks/gpu_check.sh
+#   STEPS="build test sanitize host bench" BENCH_ARGS="--sets seed,protein,sweep" bash benchmarks/gpu_check.sh
 # Logs and results go under $OUT (the device tool brings them back); results also to benchmarks/results.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +32,7 @@ if [[ $STEPS == *sanitize* ]]; then
   done
 fi
 if [[ $STEPS == *host* ]]; then
+  nvcc -O2 -o /tmp/launch_cost benchmarks/launch_cost.cu -lcuda && /tmp/launch_cost 2>&1 | tee "$OUT/logs/launch_cost.log"
   python3 benchmarks/host_overhead.py --out "$OUT" 2>&1 | tee "$OUT/logs/host.log"
 fi
 if [[ $STEPS == *bench* ]]; then

@@ -1,5 +1,5 @@
 """A representative set of attention launches for compute-sanitizer (memcheck, racecheck):
-every head dim, both dtypes, tails, causal, bshd strides, the split-KV + combine path, lse; then the
+every head dim, both dtypes, tails, causal, bshd strides, KV groups, the split-KV + combine path, lse; then the
 protein options (padding mask with tile skipping, seqlens, bias, T5, rotary, varlen incl. empty sequences);
 then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every epilogue).
 SANITIZE_ONLY=linear runs the GEMM cases alone."""
@@ -13,7 +13,8 @@ ONLY = os.environ.get("SANITIZE_ONLY", "")
 CASES = [  # (B, H, Sq, Sk, D, causal, layout)
     (1, 2, 77, 130, 32, False, "bhsd"), (2, 1, 64, 64, 64, True, "bhsd"), (1, 3, 100, 37, 96, True, "bshd"),
     (1, 2, 129, 200, 128, False, "bshd"), (1, 1, 50, 70, 256, True, "bhsd"),
-    (1, 1, 40, 900, 64, False, "bhsd"), (1, 1, 33, 700, 128, True, "bhsd"),   # split-KV + combine
+    (1, 1, 40, 900, 64, False, "bhsd"), (1, 2, 100, 300, 32, True, "bshd"),   # 4 KV groups per block
+    (1, 1, 40, 4500, 64, False, "bhsd"), (1, 1, 33, 1500, 128, True, "bhsd"),  # split-KV + combine (4, 1 groups)
     (2, 66, 130, 200, 128, True, "bhsd"), (2, 66, 200, 130, 128, False, "bshd"),  # sm90 (wgmma) on Hopper,
     (2, 66, 300, 333, 64, True, "bshd"), (2, 66, 257, 100, 64, False, "bhsd"),     # several items per block
 ]

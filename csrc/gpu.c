@@ -149,8 +149,8 @@ static int attention_launch(const fs_attn_params *p, int device, uintptr_t strea
     if (err != cudaSuccess) return cuda_fail(err, plan ? "attention launch plan" : "attention kernel launch");
     if (plan) {
         const double waves = pl.blocks_per_sm ? (double)pl.blocks / ((double)pl.blocks_per_sm * props.sm_count) : 0.0;
-        *plan = Py_BuildValue("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:i,s:d}", "kernel", hopper ? "sm90" : "sm80",
-                              "variant", pl.small ? "small" : "big",
+        *plan = Py_BuildValue("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:i,s:d}", "kernel", hopper ? "sm90" : "sm80",
+                              "variant", pl.small ? "small" : "big", "kv_groups", pl.kv_groups,
                               "Br", pl.br, "Bc", pl.bc, "threads", pl.threads, "smem", pl.smem, "q_tiles", pl.n_qtiles,
                               "kv_splits", pl.n_splits, "blocks", pl.blocks, "blocks_per_sm", pl.blocks_per_sm,
                               "sm_count", props.sm_count, "waves", waves);

@@ -12,7 +12,7 @@ extern "C" {
 
 /* How a problem is launched: tile variant, grid, KV splits and resident blocks per SM. */
 typedef struct {
-    int small, br, bc, threads, smem, n_qtiles, n_splits, blocks_per_sm;
+    int small, kv_groups, br, bc, threads, smem, n_qtiles, n_splits, blocks_per_sm;
     long long blocks;
 } fs_sm80_plan;
 

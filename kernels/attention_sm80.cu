@@ -12,8 +12,10 @@
  *
  * Pipeline per KV tile (single K and V buffers, cp.async):
  *   wait K_j; sync; issue V_j; S = Q K_j^T; mask; softmax; wait V_j; sync; issue K_{j+1}; O += P V_j
- * Small problems (fewer blocks than SMs) split the KV range over blocks; a combine kernel merges the
- * partial results by their logsumexp.
+ * Small problems: 64-row query tiles; at D <= 64, when every block has an SM to itself, 4 KV groups of 4 warps
+ * per block each take every 4th key tile and merge through shared memory at the end; long key ranges on few
+ * blocks split the KV range over blocks, the last block of a query tile merging the partial results by their
+ * logsumexp.
  *
  * History (H200 fp16, TF/s at D=64 / D=128 on long sequences, FA2 = 298 / 337; benchmarks/NOTES.md):
  *   v1  16 rows per warp, 2 barriers per tile, single K/V buffers             200 / 208
@@ -23,6 +25,8 @@
  *   v6  precomputed ldmatrix lane offsets (no spills at D=128)                296 / 280
  *   v7  FEAT kernels for the protein options (packing, padding, bias, T5, rotary); the plain kernels are
  *       unchanged. FEAT at D<=64 uses Bc=64 (Bc=128 spills): varlen 261 TF/s at 4 x 4096 tokens
+ *   v8  4 KV groups per block on problems that leave most SMs idle (D <= 64; 128 registers, 28 bytes of
+ *       spills reloaded once per tile): (1,1,512) 10.8 -> 8.8 us, (1,1,256) 6.6 -> 6.2 us (FA2 8.7, 7.6)
  *
  * Protein options (FEAT): a key padding mask is scanned once per block into a shared list of the KV tiles
  * that hold a kept key (with a "partly padded" bit), so all-padding tiles are never loaded; the T5 bias
@@ -37,11 +41,19 @@
 
 #include "attention_cuda.h"
 #include "cuda_ptx.cuh"
+#include "launch.cuh"
 
 
-/* ---- tile configuration, one place: warps per block, m16 row tiles per warp (Br = 16 * MT * WARPS),
- * Bc, cp.async ring depth, and whether Q fragments stay in registers (else reloaded per KV tile) ---- */
-template <int W, int M, int B, int S, int Q> struct fs_cfg { enum { WARPS = W, MT = M, BC = B, STAGES = S, Q_IN_REGS = Q }; };
+/* ---- tile configuration, one place: warps per query-row group, m16 row tiles per warp (Br = 16 * MT * WARPS),
+ * Bc, cp.async ring depth, whether Q fragments stay in registers (else reloaded per KV tile), and KV groups G:
+ * G groups of WARPS warps share the block's query rows, group g taking key tiles g, g + G, ... of each step
+ * of G * Bc keys (more independent warps per SM on short problems; merged through shared memory) ---- */
+template <int W, int M, int B, int S, int Q, int G = 1> struct fs_cfg {
+    enum { WARPS = W, MT = M, BC = B, STAGES = S, Q_IN_REGS = Q, KVG = G };
+};
+/* variants: big tiles; small (64-row) tiles for problems whose big tiles leave SMs idle; small tiles with 4 KV
+ * groups (one 512-thread block per SM, D <= 64) for problems that leave most SMs idle */
+enum { FS_BIG, FS_SMALL, FS_SMALL_G4 };
 /* tuning builds override one head dim without editing: -DFS_TUNE_D=64 -DFS_TUNE_W=4 -DFS_TUNE_MT=2 -DFS_TUNE_BC=64 -DFS_TUNE_Q=1 */
 #ifndef FS_TUNE_D
 #define FS_TUNE_D 0
@@ -52,10 +64,9 @@ template <int W, int M, int B, int S, int Q> struct fs_cfg { enum { WARPS = W, M
 #endif
 #define FS_PICK(d, field, value) (FS_TUNE_D == d ? FS_TUNE_##field : value)
 #define FS_TILE(d, w, mt, bc, q) \
-    template <> struct fs_tile<d, false> : fs_cfg<FS_PICK(d, W, w), FS_PICK(d, MT, mt), FS_PICK(d, BC, bc), 3, FS_PICK(d, Q, q)> {}
-#define FS_TILE_SMALL(d, w, mt, bc, q) template <> struct fs_tile<d, true> : fs_cfg<w, mt, bc, 3, q> {}
-/* SMALL: problems whose big tiles leave SMs idle get 64-row query tiles (more blocks, shorter chains) */
-template <int D, bool SMALL> struct fs_tile;
+    template <> struct fs_tile<d, FS_BIG> : fs_cfg<FS_PICK(d, W, w), FS_PICK(d, MT, mt), FS_PICK(d, BC, bc), 3, FS_PICK(d, Q, q)> {}
+#define FS_TILE_SMALL(d, w, mt, bc, q) template <> struct fs_tile<d, FS_SMALL> : fs_cfg<w, mt, bc, 3, q> {}
+template <int D, int V> struct fs_tile;
 /*      D    WARPS MT  BC   Q_IN_REGS */
 FS_TILE(32,  4,    2,  128, 0);
 FS_TILE(64,  4,    2,  128, 0);
@@ -67,10 +78,13 @@ FS_TILE_SMALL(64,  4, 1, 64, 1);
 FS_TILE_SMALL(96,  4, 1, 64, 1);
 FS_TILE_SMALL(128, 4, 1, 64, 1);
 FS_TILE_SMALL(256, 4, 1, 32, 0);
+/* 4 KV groups: 512 threads leave 128 registers each, so Q is reloaded per tile */
+template <> struct fs_tile<32, FS_SMALL_G4> : fs_cfg<4, 1, 64, 3, 0, 4> {};
+template <> struct fs_tile<64, FS_SMALL_G4> : fs_cfg<4, 1, 64, 3, 0, 4> {};
 /* FEAT kernels (protein options) carry more state: at D <= 64 the 128-key tile spills, 64 keys do not */
-template <int D, bool SMALL, bool FEAT> struct fs_tile_for : fs_tile<D, SMALL> {};
-template <> struct fs_tile_for<32, false, true> : fs_cfg<4, 2, 64, 3, 0> {};
-template <> struct fs_tile_for<64, false, true> : fs_cfg<4, 2, 64, 3, 0> {};
+template <int D, int V, bool FEAT> struct fs_tile_for : fs_tile<D, V> {};
+template <> struct fs_tile_for<32, FS_BIG, true> : fs_cfg<4, 2, 64, 3, 0> {};
+template <> struct fs_tile_for<64, FS_BIG, true> : fs_cfg<4, 2, 64, 3, 0> {};
 
 /* Shared-memory row pitch in elements: a multiple of 64 so the 16-byte-chunk XOR swizzle stays in-row. */
 template <int D> struct fs_pitch { enum { VALUE = D < 64 ? 64 : (D + 63) / 64 * 64 }; };
@@ -198,20 +212,28 @@ FS_DEV fs_seq seq_geometry(const fs_attn_params &p, int b)
     return s;
 }
 
-template <int D, typename T, bool SMALL, bool FEAT>
-__global__ void __launch_bounds__(fs_tile_for<D, SMALL, FEAT>::WARPS * 32) attention_fwd_sm80(const fs_sm80_args a)
+/* threads per block of a variant: WARPS per KV group */
+template <int D, int V, bool FEAT> struct fs_block {
+    enum { THREADS = 32 * fs_tile_for<D, V, FEAT>::WARPS * fs_tile_for<D, V, FEAT>::KVG };
+};
+
+template <int D, typename T, int V, bool FEAT>
+__global__ void __launch_bounds__(fs_block<D, V, FEAT>::THREADS) attention_fwd_sm80(const fs_sm80_args a)
 {
-    using tile = fs_tile_for<D, SMALL, FEAT>;
-    constexpr int WARPS = tile::WARPS, MT = tile::MT, BC = tile::BC, STAGES = tile::STAGES;
-    constexpr int BR = 16 * MT * WARPS, THREADS = WARPS * 32, WR = 16 * MT; /* WR: rows per warp */
+    using tile = fs_tile_for<D, V, FEAT>;
+    constexpr int WARPS = tile::WARPS, MT = tile::MT, BC = tile::BC, STAGES = tile::STAGES, G = tile::KVG;
+    constexpr int BR = 16 * MT * WARPS, THREADS = fs_block<D, V, FEAT>::THREADS, WR = 16 * MT; /* WR: rows per warp */
+    constexpr int BCS = G * BC; /* keys per step: one Bc tile per KV group */
+    static_assert(!FEAT || G == 1, "the protein options run with one KV group");
     constexpr int PITCH = fs_pitch<D>::VALUE, KD = D / 16, NS = BC / 8, NO = D / 8;
     constexpr bool Q_IN_REGS = tile::Q_IN_REGS;
     extern __shared__ __align__(128) unsigned char smem[];
-    T *sQ = reinterpret_cast<T *>(smem), *sKV = sQ + BR * PITCH; /* ring: stage s holds K at 2s, V at 2s+1 */
-    unsigned char *ext = reinterpret_cast<unsigned char *>(sKV + 2 * BC * PITCH * STAGES); /* FEAT extras */
+    T *sQ = reinterpret_cast<T *>(smem), *sKV = sQ + BR * PITCH; /* ring: stage s holds BCS keys of K, then of V */
+    unsigned char *ext = reinterpret_cast<unsigned char *>(sKV + 2 * BCS * PITCH * STAGES); /* FEAT extras */
 
     const fs_attn_params &p = a.p;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int warp = G == 1 ? tid >> 5 : (tid >> 5) % WARPS, kg = G == 1 ? 0 : (tid >> 5) / WARPS; /* row warp; KV group */
 
     /* block -> (query tile, split, batch*head); query tile fastest so one head's blocks share K/V in L2,
      * heaviest causal tiles first */
@@ -235,7 +257,7 @@ __global__ void __launch_bounds__(fs_tile_for<D, SMALL, FEAT>::WARPS * 32) atten
     /* KV tiles this block visits: causal (top-left) rows q0.. see keys below q0 + BR; none past k_len, and
      * none for a query tile wholly past q_len */
     const int kv_end = q0 >= seq.q_len ? 0 : p.causal ? min(k_len, min(q0 + BR, seq.q_len)) : k_len;
-    int n_kv = (kv_end + BC - 1) / BC;
+    int n_kv = (kv_end + BCS - 1) / BCS;
 
     /* FEAT extras in shared memory: inv_freq_i for rotary, the T5 bias by clamped relative position
      * (log2 units), and the list of KV tiles holding a kept key */
@@ -282,14 +304,15 @@ __global__ void __launch_bounds__(fs_tile_for<D, SMALL, FEAT>::WARPS * 32) atten
     auto kv_entry = [&](int t) { return use_list ? (int)s_list[t] : t; }; /* visit index -> tile (| partial << 15) */
     auto kv_tile = [&](int t) { return kv_entry(t) & 0x7fff; };
 
-    /* issue K_t, V_t into ring stage t % STAGES (nothing past t_end; the group is committed regardless) */
+    /* issue step t's K and V (BCS keys) into ring stage t % STAGES (nothing past t_end; the cp.async group is
+     * committed regardless) */
     auto load_kv = [&](int t) {
         if (t < t_end) {
-            T *st = sKV + (t % STAGES) * 2 * BC * PITCH;
-            const int k0 = kv_tile(t) * BC, rows = min(BC, k_len - k0);
-            if (FEAT) load_tile_pairs<BC, D, THREADS>(st, gK + (int64_t)k0 * p.k_ss, p.k_ss, rows, tid);
-            else load_tile<BC, D, THREADS>(st, gK + (int64_t)k0 * p.k_ss, p.k_ss, rows, tid);
-            load_tile<BC, D, THREADS>(st + BC * PITCH, gV + (int64_t)k0 * p.v_ss, p.v_ss, rows, tid);
+            T *st = sKV + (t % STAGES) * 2 * BCS * PITCH;
+            const int k0 = kv_tile(t) * BCS, rows = min(BCS, k_len - k0);
+            if (FEAT) load_tile_pairs<BCS, D, THREADS>(st, gK + (int64_t)k0 * p.k_ss, p.k_ss, rows, tid);
+            else load_tile<BCS, D, THREADS>(st, gK + (int64_t)k0 * p.k_ss, p.k_ss, rows, tid);
+            load_tile<BCS, D, THREADS>(st + BCS * PITCH, gV + (int64_t)k0 * p.v_ss, p.v_ss, rows, tid);
         }
         cp_async_commit();
     };
@@ -329,14 +352,15 @@ __global__ void __launch_bounds__(fs_tile_for<D, SMALL, FEAT>::WARPS * 32) atten
 
     for (int j = t_begin; j < t_end; j++) {
         cp_async_wait<STAGES - 2>();
-        const int k0 = kv_tile(j) * BC;
+        const int k0 = kv_tile(j) * BCS + kg * BC; /* this group's tile of the step */
         if (FEAT && p.rotary) { /* this thread's own chunks of Q (first tile) and K_j have landed: rotate them */
             if (j == t_begin) rotate_tile_pairs<BR, D, THREADS>(sQ, q0, q_rows, s_freq, tid);
             rotate_tile_pairs<BC, D, THREADS>(sKV + (j % STAGES) * 2 * BC * PITCH, k0, min(BC, k_len - k0), s_freq, tid);
         }
-        __syncthreads(); /* tile j has landed for all threads; every warp is done with tile j - 1's stage */
+        __syncthreads(); /* step j has landed for all threads; every warp is done with step j - 1's stage */
         load_kv(j + STAGES - 1);
-        const uint32_t sK_addr = smem_addr(sKV + (j % STAGES) * 2 * BC * PITCH), sV_addr = sK_addr + 2 * BC * PITCH;
+        if (G > 1 && k0 >= kv_end) continue; /* the step ends before this group's tile */
+        const uint32_t sK_addr = smem_addr(sKV + ((j % STAGES) * 2 * BCS + kg * BC) * PITCH), sV_addr = sK_addr + 2 * BCS * PITCH;
 
         /* S = Q K_j^T (raw scores, fp32); each K fragment feeds MT row tiles */
         float s[MT][NS][4];
@@ -507,6 +531,51 @@ __global__ void __launch_bounds__(fs_tile_for<D, SMALL, FEAT>::WARPS * 32) atten
     cp_async_wait<0>();
     if (FEAT && t_begin >= t_end) __syncthreads(); /* no tile visited: other warps' Q copies into our rows landed */
 
+    if (G > 1) {
+        /* merge the groups' rows (same queries, disjoint keys) into group 0 through the idle ring, thread by
+         * thread in fragment order: m = max_g m_g;  l = sum_g exp2(m_g - m) l_g;  O = sum_g exp2(m_g - m) O_g.
+         * l and O are still per-thread partial sums over the thread's columns, which the merge keeps. */
+        constexpr int GT = WARPS * 32, FR = 4 * MT * NO + 4 * MT; /* threads per group; floats per thread */
+        static_assert((size_t)(G - 1) * GT * FR * 4 <= (size_t)2 * BCS * PITCH * STAGES * sizeof(T), "merge fits the ring");
+        float *part = reinterpret_cast<float *>(sKV) + tid % GT;
+        __syncthreads(); /* every group is done with the ring */
+        if (kg > 0) {
+            float *dst = part + (kg - 1) * GT * FR;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+                for (int n = 0; n < NO; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) dst[((mt * NO + n) * 4 + e) * GT] = acc_o[mt][n][e];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    dst[(4 * MT * NO + 2 * mt + r) * GT] = m_i[mt][r];
+                    dst[(4 * MT * NO + 2 * MT + 2 * mt + r) * GT] = l_i[mt][r];
+                }
+            }
+        }
+        __syncthreads();
+        if (kg == 0)
+            for (int og = 0; og < G - 1; og++) {
+                const float *src = part + og * GT * FR;
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        const float m_o = src[(4 * MT * NO + 2 * mt + r) * GT], l_o = src[(4 * MT * NO + 2 * MT + 2 * mt + r) * GT];
+                        const float m_new = fmaxf(m_i[mt][r], m_o), m_use = m_new == -INFINITY ? 0.f : m_new;
+                        const float w_self = exp2_approx(m_i[mt][r] - m_use), w_o = exp2_approx(m_o - m_use);
+                        m_i[mt][r] = m_new;
+                        l_i[mt][r] = l_i[mt][r] * w_self + l_o * w_o;
+#pragma unroll
+                        for (int n = 0; n < NO; n++)
+#pragma unroll
+                            for (int c = 0; c < 2; c++)
+                                acc_o[mt][n][2 * r + c] = acc_o[mt][n][2 * r + c] * w_self + src[((mt * NO + n) * 4 + 2 * r + c) * GT] * w_o;
+                    }
+            }
+    }
+
     /* l_i is summed over the four lanes that share a row; O_i / l_i; lse = (m_i + log2 l_i) ln 2. A row with
      * no kept key (l = 0), or past its sequence's length, is written as zeros with lse -inf. */
     float inv[MT][2], lse[MT][2];
@@ -526,7 +595,7 @@ __global__ void __launch_bounds__(fs_tile_for<D, SMALL, FEAT>::WARPS * 32) atten
     float *gL = p.lse ? static_cast<float *>(p.lse) + b * p.lse_sb + h * p.lse_sh + seq.qo : NULL;
 
     if (a.n_splits > 1) {
-        /* partial result of this split, fp32 from registers, normalised by its own l */
+        /* partial result of this split, fp32 from group 0's registers, normalised by its own l */
         const int64_t rows_all = (int64_t)p.B * p.H * p.Sq;
         float *op = a.o_part + ((int64_t)split * rows_all + bh_row) * D;
 #pragma unroll
@@ -534,7 +603,7 @@ __global__ void __launch_bounds__(fs_tile_for<D, SMALL, FEAT>::WARPS * 32) atten
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int row = warp_row + mt * 16 + g + r * 8;
-                if (row >= q0 + q_rows) continue;
+                if (kg > 0 || row >= q0 + q_rows) continue;
 #pragma unroll
                 for (int n = 0; n < NO; n++)
                     *reinterpret_cast<float2 *>(op + (int64_t)row * D + n * 8 + 2 * t4) =
@@ -585,6 +654,7 @@ __global__ void __launch_bounds__(fs_tile_for<D, SMALL, FEAT>::WARPS * 32) atten
         return;
     }
 
+    if (kg > 0) return; /* merged into group 0 */
     /* stage this warp's rows in its own rows of sQ, then 16-byte coalesced stores (after every lane's
      * last ldmatrix of those rows) */
     __syncwarp();
@@ -714,15 +784,16 @@ static int plan_extras(const fs_attn_params *p, fs_sm80_args *a)
 
 /* Launch one tile variant (grid = query tiles x KV splits x batch*heads, flattened), or only describe it.
  * FEAT: the kernel with the protein options (packing, padding, bias, T5, rotary). */
-template <int D, typename T, bool SMALL, bool FEAT>
+template <int D, typename T, int V, bool FEAT>
 static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int device, cudaStream_t stream, fs_sm80_plan *plan)
 {
-    using tile = fs_tile_for<D, SMALL, FEAT>;
-    constexpr int BR = 16 * tile::MT * tile::WARPS, BC = tile::BC, THREADS = 32 * tile::WARPS;
-    constexpr int RING = (BR + 2 * BC * tile::STAGES) * fs_pitch<D>::VALUE * (int)sizeof(T);
-    static unsigned long long prepared;
-    const void *kernel = (const void *)attention_fwd_sm80<D, T, SMALL, FEAT>;
-    cudaError_t err = prepare_kernel(kernel, RING + (FEAT ? FS_EXT_MAX : 0), device, &prepared);
+    using tile = fs_tile_for<D, V, FEAT>;
+    constexpr int BR = 16 * tile::MT * tile::WARPS, BC = tile::BC, BCS = BC * tile::KVG;
+    constexpr int THREADS = fs_block<D, V, FEAT>::THREADS;
+    constexpr int RING = (BR + 2 * BCS * tile::STAGES) * fs_pitch<D>::VALUE * (int)sizeof(T);
+    static fs_kernel handle;
+    const void *kernel = (const void *)attention_fwd_sm80<D, T, V, FEAT>;
+    cudaError_t err = fs_kernel_prepare(kernel, &handle, RING + (FEAT ? FS_EXT_MAX : 0), device);
     if (err != cudaSuccess) return err;
 
     fs_sm80_args a;
@@ -730,13 +801,14 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
     a.scale_log2 = (float)(p->scale * 1.4426950408889634);
     a.n_qtiles = (p->Sq + BR - 1) / BR;
     const long long bh = (long long)p->B * p->H, blocks = bh * a.n_qtiles;
-    a.n_splits = choose_splits(blocks, (p->Sk + BC - 1) / BC, sm_count);
+    a.n_splits = choose_splits(blocks, (p->Sk + BCS - 1) / BCS, sm_count);
     a.o_part = a.lse_part = NULL;
     a.counters = NULL;
     const int smem = RING + (FEAT ? plan_extras<D, BC>(p, &a) : 0);
     if (blocks * a.n_splits > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     if (plan) {
-        plan->small = SMALL;
+        plan->small = V != FS_BIG;
+        plan->kv_groups = tile::KVG;
         plan->br = BR;
         plan->bc = BC;
         plan->threads = THREADS;
@@ -756,7 +828,7 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
         a.lse_part = a.o_part + rows * D;
     }
     void *args[] = {&a};
-    err = cudaLaunchKernel(kernel, dim3((unsigned)(blocks * a.n_splits)), dim3(THREADS), args, smem, stream);
+    err = fs_launch(&handle, device, (unsigned)(blocks * a.n_splits), THREADS, smem, stream, args);
     if (ws) {
         cudaError_t rerr = workspace_release(stream, ws);
         if (err == cudaSuccess) err = rerr;
@@ -764,24 +836,23 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
     return err;
 }
 
-/* The kernel with the protein options when any is given. */
-template <int D, typename T, bool SMALL>
-static cudaError_t launch_feat(const fs_attn_params *p, int sm_count, int device, cudaStream_t stream, fs_sm80_plan *plan)
-{
-    if (p->cu_seqlens_q || p->kpm || p->seqlens || p->bias || p->t5_table || p->rotary)
-        return launch_variant<D, T, SMALL, true>(p, sm_count, device, stream, plan);
-    return launch_variant<D, T, SMALL, false>(p, sm_count, device, stream, plan);
-}
-
-/* Big tiles when they fill the SMs, else the small-tile variant. */
+/* Big tiles when they fill the SMs, else 64-row tiles; at D <= 64 without protein options, 4 KV groups when
+ * every block gets an SM of its own and the keys span 3+ tiles (H200: (1,1,512) 10.8 -> 8.8 us; 2 groups at
+ * two blocks per SM were slower on (8,8,256), 8.9 -> 9.2-9.6 us: there the loads, not the chains, bound it). */
 template <int D, typename T>
 static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan)
 {
-    using big = fs_tile<D, false>;
-    constexpr int BR = 16 * big::MT * big::WARPS;
-    if ((long long)p->B * p->H * ((p->Sq + BR - 1) / BR) < sm_count)
-        return launch_feat<D, T, true>(p, sm_count, device, stream, plan);
-    return launch_feat<D, T, false>(p, sm_count, device, stream, plan);
+    constexpr int BR = 16 * fs_tile<D, FS_BIG>::MT * fs_tile<D, FS_BIG>::WARPS, SBR = 16 * fs_tile<D, FS_SMALL>::WARPS;
+    constexpr int SBC = fs_tile<D, FS_SMALL>::BC;
+    const bool feat = p->cu_seqlens_q || p->kpm || p->seqlens || p->bias || p->t5_table || p->rotary;
+    const long long bh = (long long)p->B * p->H;
+    if (bh * ((p->Sq + BR - 1) / BR) >= sm_count)
+        return feat ? launch_variant<D, T, FS_BIG, true>(p, sm_count, device, stream, plan)
+                    : launch_variant<D, T, FS_BIG, false>(p, sm_count, device, stream, plan);
+    if (feat) return launch_variant<D, T, FS_SMALL, true>(p, sm_count, device, stream, plan);
+    if (D <= 64 && p->Sk > 2 * SBC && bh * ((p->Sq + SBR - 1) / SBR) <= sm_count)
+        return launch_variant<D, T, D <= 64 ? FS_SMALL_G4 : FS_SMALL, false>(p, sm_count, device, stream, plan);
+    return launch_variant<D, T, FS_SMALL, false>(p, sm_count, device, stream, plan);
 }
 
 template <typename T>

@@ -43,6 +43,7 @@
 #include <stdint.h>
 
 #include "attention_cuda.h"
+#include "launch.cuh"
 #include "tma.cuh"
 
 /* ---- tile configuration, one place: per (D, Bc), consumer warpgroups (Br = 64 NWG) and K/V ring stages.
@@ -334,7 +335,7 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
 {
     using tile = fs_sm90_tile<D, BC>;
     constexpr int BR = 64 * tile::NWG, THREADS = 128 * (tile::NWG + 1), SMEM = sm90_smem<D, BC>();
-    static unsigned long long prepared;
+    static fs_kernel handle;
     const void *kernel = (const void *)attention_fwd_sm90<D, BC, T>;
     fs_sm90_args a;
     a.p = *p;
@@ -345,7 +346,7 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     a.items = (int)items;
     const int grid = items < sm_count ? (int)items : sm_count;
     if (plan) {
-        *plan = fs_sm80_plan{0, BR, BC, THREADS, SMEM, a.n_qtiles, 1, 1, grid};
+        *plan = fs_sm80_plan{0, 1, BR, BC, THREADS, SMEM, a.n_qtiles, 1, 1, grid};
         return cudaSuccess;
     }
     const int bf16 = p->dtype == FS_BF16;
@@ -353,11 +354,10 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     cudaError_t err = sm90_map(&mq, p->q, bf16, p->Sq, p->H, p->B, D, p->q_ss, p->q_sh, p->q_sb, BR);
     if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, p->Sk, p->H, p->B, D, p->k_ss, p->k_sh, p->k_sb, BC);
     if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, p->Sk, p->H, p->B, D, p->v_ss, p->v_sh, p->v_sb, BC);
-    if (err == cudaSuccess) err = prepare_kernel(kernel, SMEM, device, &prepared);
+    if (err == cudaSuccess) err = fs_kernel_prepare(kernel, &handle, SMEM, device);
     if (err != cudaSuccess) return err;
     void *args[] = {&mq, &mk, &mv, &a};
-    err = cudaLaunchKernel(kernel, dim3(grid), dim3(THREADS), args, SMEM, stream);
-    return err != cudaSuccess ? err : cudaGetLastError();
+    return fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
 }
 
 /* Bc = 192 at D = 64: non-causal, with at most 1/16 of the last tile's keys past Sk (H200, S = 8192: 474 TF/s

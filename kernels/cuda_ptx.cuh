@@ -83,16 +83,4 @@ template <int PITCH> FS_DEV int swz(int row, int col)
     return row * PITCH + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
 }
 
-/* Raise a kernel's dynamic shared-memory limit once per device (to smem, or the device's most). */
-static inline cudaError_t prepare_kernel(const void *fn, int smem, int device, unsigned long long *done_mask)
-{
-    if (device < 64 && (*done_mask >> device) & 1ULL) return cudaSuccess;
-    int optin = 0;
-    cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    if (err != cudaSuccess) return err;
-    err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem < optin ? smem : optin);
-    if (err == cudaSuccess && device < 64) *done_mask |= 1ULL << device;
-    return err;
-}
-
 #endif

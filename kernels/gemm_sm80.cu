@@ -22,6 +22,7 @@
 #include "cuda_ptx.cuh"
 #include "gemm_cuda.h"
 #include "gemm_epilogue.cuh"
+#include "launch.cuh"
 
 /* ---- tile configuration, one place ---- */
 #define BM 128
@@ -138,7 +139,7 @@ __global__ void __launch_bounds__(THREADS, 2) gemm_sm80(const fs_gemm_params p, 
 template <typename T, bool SWIGLU>
 static cudaError_t launch(const fs_gemm_params *p, int device, cudaStream_t stream, fs_gemm_plan *plan)
 {
-    static unsigned long long prepared;
+    static fs_kernel handle;
     const void *kernel = (const void *)gemm_sm80<T, SWIGLU>;
     const int out_bn = SWIGLU ? BN / 2 : BN;
     const int tiles_m = (p->M + BM - 1) / BM, tiles_n = (p->N + out_bn - 1) / out_bn;
@@ -148,12 +149,11 @@ static cudaError_t launch(const fs_gemm_params *p, int device, cudaStream_t stre
         *plan = fs_gemm_plan{BM, out_bn, BK, STAGES, THREADS, SMEM_BYTES, (int)tiles, tiles};
         return cudaSuccess;
     }
-    cudaError_t err = prepare_kernel(kernel, SMEM_BYTES, device, &prepared);
+    cudaError_t err = fs_kernel_prepare(kernel, &handle, SMEM_BYTES, device);
     if (err != cudaSuccess) return err;
     fs_gemm_params a = *p;
     void *args[] = {&a, (void *)&tiles_m, (void *)&tiles_n};
-    err = cudaLaunchKernel(kernel, dim3((unsigned)tiles), dim3(THREADS), args, SMEM_BYTES, stream);
-    return err != cudaSuccess ? err : cudaGetLastError();
+    return fs_launch(&handle, device, (unsigned)tiles, THREADS, SMEM_BYTES, stream, args);
 }
 
 extern "C" cudaError_t fs_gemm_sm80(const fs_gemm_params *p, int device, cudaStream_t stream, fs_gemm_plan *plan)

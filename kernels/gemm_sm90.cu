@@ -32,6 +32,7 @@
 
 #include "gemm_cuda.h"
 #include "gemm_epilogue.cuh"
+#include "launch.cuh"
 #include "tma.cuh"
 
 /* ---- tile configuration, one place ---- */
@@ -175,7 +176,7 @@ template <int BN, typename T, bool SWIGLU>
 static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan)
 {
     constexpr int SMEM = gemm90_smem<BN>(), OUT_BN = SWIGLU ? BN / 2 : BN;
-    static unsigned long long prepared;
+    static fs_kernel handle;
     const void *kernel = (const void *)gemm_sm90<BN, T, SWIGLU>;
     fs_gemm90_args a;
     a.p = *p;
@@ -193,11 +194,10 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
     cudaError_t err = make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM);
     if (err == cudaSuccess) err = make_map(&mw, p->w, p->dtype, p->N, p->K, p->ldw, BN / 2);
     if (err == cudaSuccess) err = SWIGLU ? make_map(&mw2, p->w2, p->dtype, p->N, p->K, p->ldw2, BN / 2) : (mw2 = mw, cudaSuccess);
-    if (err == cudaSuccess) err = prepare_kernel(kernel, SMEM, device, &prepared);
+    if (err == cudaSuccess) err = fs_kernel_prepare(kernel, &handle, SMEM, device);
     if (err != cudaSuccess) return err;
     void *args[] = {&mx, &mw, &mw2, &a};
-    err = cudaLaunchKernel(kernel, dim3(grid), dim3(THREADS), args, SMEM, stream);
-    return err != cudaSuccess ? err : cudaGetLastError();
+    return fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
 }
 
 /* The tile width (256, 192 or 128 W rows) with the least work per CTA: rounds of tiles over the SMs times

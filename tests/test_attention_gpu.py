@@ -86,6 +86,18 @@ def test_split_kv_path_with_lse(d):
     check(1, 2, 333, 2500, d, causal=True, lse=True, dtype=torch.bfloat16)
 
 
+@pytest.mark.parametrize("d", [32, 64])
+def test_kv_group_variant(d):
+    """Problems that leave most SMs idle split each query tile's keys over 4 warp groups, merged in shared memory."""
+    plan = flashsci._flashsci._launch_plan
+    assert plan(1, 1, 512, 512, d)["kv_groups"] == 4 and plan(1, 1, 512, 512, d)["threads"] == 512
+    assert plan(1, 1, 64, 64, d)["kv_groups"] == 1
+    check(1, 1, 512, 512, d, lse=True)
+    check(1, 3, 77, 300, d, causal=True, lse=True)  # causal, Sq < Sk: some groups' keys lie past every row
+    check(2, 2, 300, 190, d, layout="bshd", strided=True, scale=0.3, dtype=torch.bfloat16)
+    check(1, 2, 40, 3000, d, lse=True)  # 4 groups and KV splits across blocks together
+
+
 def test_agrees_with_cpu_path():
     q, k, v = (torch.randn(2, 3, 150, 64, dtype=torch.float16) for _ in range(3))
     cpu = flashsci.attention(q, k, v, causal=True).double()

@@ -1,0 +1,59 @@
+/* Host-side kernel launch shared by the CUDA launchers: the dynamic shared-memory limit is raised and the
+ * driver's function handle fetched once per kernel and device, then every launch goes straight to the
+ * driver's cuLaunchKernel (benchmarks/launch_cost.cu: the runtime's cudaLaunchKernel looks the function up
+ * again on every call). */
+#ifndef FLASHSCI_LAUNCH_CUH
+#define FLASHSCI_LAUNCH_CUH
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#define FS_LAUNCH_DEVICES 64
+
+/* One kernel's handles, one per device; a zero-initialised static per launch site. */
+typedef struct { CUfunction fn[FS_LAUNCH_DEVICES]; } fs_kernel;
+
+typedef CUresult (*fs_cu_launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                    CUstream, void **, void **);
+
+/* cuLaunchKernel through the runtime's driver entry point (no link against libcuda); NULL if missing. */
+static inline fs_cu_launch_fn fs_cu_launch(void)
+{
+    static fs_cu_launch_fn fn;
+    if (!fn) {
+        void *ptr = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuLaunchKernel", &ptr, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (fs_cu_launch_fn)ptr;
+    }
+    return fn;
+}
+
+/* Before the first launch of kernel (its runtime symbol) on a device: raise its dynamic shared-memory limit to
+ * smem_limit (capped at the device's opt-in maximum) and cache its driver handle in k. */
+static inline cudaError_t fs_kernel_prepare(const void *kernel, fs_kernel *k, int smem_limit, int device)
+{
+    if (device < 0 || device >= FS_LAUNCH_DEVICES) return cudaErrorInvalidDevice;
+    if (k->fn[device]) return cudaSuccess;
+    int optin = 0;
+    cudaFunction_t fn;
+    cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_limit < optin ? smem_limit : optin);
+    if (err == cudaSuccess) err = cudaGetFuncBySymbol(&fn, kernel);
+    if (err == cudaSuccess) k->fn[device] = (CUfunction)fn;
+    return err;
+}
+
+/* Launch a prepared kernel on the current device: grid x threads, smem bytes of dynamic shared memory. The
+ * runtime's error codes equal the driver's. */
+static inline cudaError_t fs_launch(const fs_kernel *k, int device, unsigned grid, unsigned threads, int smem,
+                                    cudaStream_t stream, void **args)
+{
+    fs_cu_launch_fn launch = fs_cu_launch();
+    if (!launch) return cudaErrorInitializationError;
+    return (cudaError_t)launch(k->fn[device], grid, 1, 1, threads, 1, 1, (unsigned)smem, (CUstream)stream, args, NULL);
+}
+
+#endif
