@@ -43,19 +43,22 @@ FS_DEV float gemm_acc_init(const fs_gemm_params &p, int col)
     return p.bias_dtype == FS_F16 ? __half2float(__ushort_as_half(b)) : __bfloat162float(__ushort_as_bfloat16(b));
 }
 
-/* Finish output elements (row, col) and (row, col + 1) from accumulators v0, v1 (bias included; with SwiGLU:
- * gate values, u0, u1 the up values) and store them; col is even and N is a multiple of 8, so both exist when col < N. */
+/* Two output values from accumulators v0, v1 (bias included; with SwiGLU: gate values, u0, u1 the up values). */
+template <bool SWIGLU, fs_activation ACT> FS_DEV float2 gemm_finish_pair(float v0, float v1, float u0, float u1)
+{
+    if (SWIGLU) return make_float2(gemm_activate<FS_ACT_SILU>(v0) * u0, gemm_activate<FS_ACT_SILU>(v1) * u1);
+    return make_float2(gemm_activate<ACT>(v0), gemm_activate<ACT>(v1));
+}
+
+/* Finish output elements (row, col) and (row, col + 1) (gemm_finish_pair) and store them; col is even and N is
+ * a multiple of 8, so both exist when col < N. */
 template <bool SWIGLU, fs_activation ACT>
 FS_DEV void gemm_store_pair(const fs_gemm_params &p, int row, int col, float v0, float v1, float u0, float u1)
 {
     if (row >= p.M || col >= p.N) return;
-    if (SWIGLU) {
-        v0 = gemm_activate<FS_ACT_SILU>(v0) * u0;
-        v1 = gemm_activate<FS_ACT_SILU>(v1) * u1;
-    } else {
-        v0 = gemm_activate<ACT>(v0);
-        v1 = gemm_activate<ACT>(v1);
-    }
+    const float2 v = gemm_finish_pair<SWIGLU, ACT>(v0, v1, u0, u1);
+    v0 = v.x;
+    v1 = v.y;
     const int64_t i = (int64_t)row * p.ldy + col;
     if (p.out_dtype == FS_F32) *reinterpret_cast<float2 *>(static_cast<float *>(p.y) + i) = make_float2(v0, v1);
     else if (p.out_dtype == FS_F16) *reinterpret_cast<uint32_t *>(static_cast<__half *>(p.y) + i) = pack2<__half>(v0, v1);

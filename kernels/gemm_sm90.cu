@@ -12,9 +12,11 @@
  *   producer   wait empty[s]; expect (BM + BN) BK 2 bytes on full[s]; TMA X[m0.., k0..] and W[n0.., k0..]
  *   consumers  wait full[s]; 4 x wgmma m64 n(BN) k16; commit; wait until the previous step's group is done
  *              and release its stage on empty[s - 1]
- * TMA zero-fills rows past M and N and columns past K, so tails cost nothing in the main loop; the
- * epilogue (gemm_epilogue.cuh) masks the stores. SwiGLU: the W tile is BN/2 rows of Wg then the same rows
- * of Wu (two TMA boxes), so accumulator i (gate) and i + BN/4 (up) sit in the same thread.
+ * TMA zero-fills rows past M and N and columns past K, so tails cost nothing in the main loop. The epilogue
+ * (gemm_epilogue.cuh) goes through a shared-memory staging tile and a TMA store, which drops rows and columns
+ * past M and N (outputs in another dtype than x, or rows TMA cannot address, take masked direct stores).
+ * SwiGLU: the W tile is BN/2 rows of Wg then the same rows of Wu (two TMA boxes), so accumulator i (gate) and
+ * i + BN/4 (up) sit in the same thread.
  *
  * History (H200 fp16, TF/s at M = 8192; torch/cuBLAS 587-687 on the issue's shapes):
  *   v1  128 x 256 x 64 (128 x 128 when that fills more SMs), 4 / 6 stages, persistent, direct stores,
@@ -24,6 +26,11 @@
  *       tile width 256 / 192 / 128 by rounds over the SMs             453-614 (0.77-0.93x torch)
  *       Tried and dropped: 2-CTA clusters with the W tile multicast (each CTA loading half): 384-455,
  *       0.63-0.69x torch, slower on every shape (cause not found in the time left).
+ *   v3  the epilogue through shared memory: each consumer warpgroup writes its 64 x OUT_BN outputs into a
+ *       swizzled staging tile and one thread stores it with TMA, waited on only before the next tile's
+ *       epilogue, so the next tile's wgmmas start at once (ring stages: as many as fit beside the staging
+ *       tiles)                                                            523-649 (0.95-0.97x torch at
+ *       M = 8192 except fc1 0.91x; M = 256 / 1024 0.77 / 0.76x)
  */
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -39,17 +46,27 @@
 #define BM 128
 #define BK 64
 #define THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
-template <int BN> struct fs_gemm90_tile;
-template <> struct fs_gemm90_tile<256> { enum { STAGES = 4 }; };
-template <> struct fs_gemm90_tile<192> { enum { STAGES = 5 }; };
-template <> struct fs_gemm90_tile<128> { enum { STAGES = 6 }; };
-/* ring stages (X and W tiles, full and empty barriers), per-warpgroup double-buffered bias, alignment slack */
-template <int BN> constexpr int gemm90_smem() { return fs_gemm90_tile<BN>::STAGES * ((BM + BN) * BK * 2 + 16) + 2 * 2 * BN * 4 + 1024; }
+#define SMEM_MAX 232448 /* shared memory a Hopper block may opt in to (227 KiB) */
+/* Per tile width BN: the output staging tiles (64 x OUT_BN per consumer warpgroup), the per-warpgroup double-
+ * buffered bias and alignment slack, then as many ring stages (X and W tiles, full and empty barriers) as fit,
+ * at most 6: BN = 256 takes 3, 192 takes 4, 128 takes 5 (SwiGLU 6). */
+template <int BN, bool SWIGLU> struct fs_gemm90_tile {
+    enum { OUT_BN = SWIGLU ? BN / 2 : BN, FIXED = 2 * 64 * OUT_BN * 2 + 2 * 2 * BN * 4 + 1024,
+           STAGE_BYTES = (BM + BN) * BK * 2 + 16,
+           STAGES = (SMEM_MAX - FIXED) / STAGE_BYTES < 6 ? (SMEM_MAX - FIXED) / STAGE_BYTES : 6,
+           SMEM = STAGES * STAGE_BYTES + FIXED };
+};
 
 typedef struct {
     fs_gemm_params p;
     int tiles_m, tiles_n, tiles;
+    int tma_store; /* the output goes out through shared memory and TMA (same dtype as x, 16-byte aligned rows) */
 } fs_gemm90_args;
+
+#ifdef FS_WGMMA
+/* Named barrier 1 + cw: the 128 threads of consumer warpgroup cw. */
+FS_DEV void warpgroup_sync(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory"); }
+#endif
 
 
 /* Store a consumer warpgroup's 64 x BN accumulators (NA per thread) from row0 / col0 of this thread; bias
@@ -74,18 +91,42 @@ template <int NA, bool SWIGLU> struct epilogue90 {
     }
 };
 
+/* The same values written to a consumer warpgroup's staging tile for a TMA store: 64 rows x OUT_BN columns of T
+ * in boxes of 64 columns, 128-byte rows with the 128-byte swizzle (16-byte chunk k of row r at k ^ (r % 8)).
+ * This thread's rows are 16 warp + g (+ 8), so r % 8 = g and a warp's 4-byte stores hit 32 distinct banks. */
+template <int NA, bool SWIGLU, typename T> struct stage90 {
+    template <fs_activation ACT>
+    FS_DEV void run(const float (&acc)[NA], int warp, int g, int t4, const float *bias, unsigned char *tile)
+    {
+        constexpr int PAIRS = SWIGLU ? NA / 4 : NA / 2, CHUNK = 8;
+#pragma unroll
+        for (int c = 0; c < PAIRS; c += CHUNK) {
+            asm volatile("" ::: "memory");
+#pragma unroll
+            for (int q = c; q < c + CHUNK; q++) {
+                const int i = 2 * q, j = i / 4, h = (i / 2) % 2;
+                const float2 b = bias ? *reinterpret_cast<const float2 *>(bias + 8 * j) : make_float2(0.f, 0.f);
+                const float2 v = gemm_finish_pair<SWIGLU, ACT>(acc[i] + b.x, acc[i + 1] + b.y, SWIGLU ? acc[i + NA / 2] : 0.f,
+                                                               SWIGLU ? acc[i + NA / 2 + 1] : 0.f);
+                const int r = warp * 16 + g + 8 * h;
+                *reinterpret_cast<uint32_t *>(tile + (j / 8) * 8192 + r * 128 + (((j % 8) ^ g) << 4) + 4 * t4) = pack2<T>(v.x, v.y);
+            }
+        }
+    }
+};
+
 template <int BN, typename T, bool SWIGLU>
 __global__ void __launch_bounds__(THREADS, 1)
 gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
-          const __grid_constant__ CUtensorMap map_w2, const fs_gemm90_args a)
+          const __grid_constant__ CUtensorMap map_w2, const __grid_constant__ CUtensorMap map_y, const fs_gemm90_args a)
 {
 #ifdef FS_WGMMA
-    constexpr int STAGES = fs_gemm90_tile<BN>::STAGES, OUT_BN = SWIGLU ? BN / 2 : BN, NA = BN / 2;
+    constexpr int STAGES = fs_gemm90_tile<BN, SWIGLU>::STAGES, OUT_BN = SWIGLU ? BN / 2 : BN, NA = BN / 2;
     extern __shared__ unsigned char smem_raw[];
     /* TMA's 128-byte swizzle and the wgmma descriptors address 1024-byte atoms: align the base */
     T *sA = reinterpret_cast<T *>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
-    T *sB = sA + STAGES * BM * BK;
-    uint64_t *full = reinterpret_cast<uint64_t *>(sB + STAGES * BN * BK), *empty = full + STAGES;
+    T *sB = sA + STAGES * BM * BK, *sC = sB + STAGES * BN * BK; /* sC: a 64 x OUT_BN staging tile per consumer warpgroup */
+    uint64_t *full = reinterpret_cast<uint64_t *>(sC + 2 * 64 * OUT_BN), *empty = full + STAGES;
     float *sBias = reinterpret_cast<float *>(empty + STAGES); /* [consumer warpgroup][tile parity][BN] */
     const fs_gemm_params &p = a.p;
     const int wg = threadIdx.x >> 7, nk = (p.K + BK - 1) / BK;
@@ -132,7 +173,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             float *bias = !SWIGLU && p.bias ? sBias + (cw * 2 + (tile_count & 1)) * BN : nullptr;
             if (bias) {
                 for (int c = threadIdx.x & 127; c < OUT_BN; c += 128) bias[c] = gemm_acc_init(p, tn * OUT_BN + c);
-                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory");
+                warpgroup_sync(cw);
             }
             tile_count++;
             /* accumulator i sits at row row0 + 8 ((i / 2) % 2), column col0 + 8 (i / 4) + i % 2 */
@@ -155,19 +196,39 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             }
             wgmma_wait<0>();
             if (lane == 0) mbar_arrive(&empty[prev]);
-            if (SWIGLU) epilogue90<NA, true>::template run<FS_ACT_SILU>(p, acc, row0, col0, nullptr);
-            else gemm_epilogue_dispatch<epilogue90<NA, false>>(p.act, p, acc, row0, col0, bias ? bias + 2 * t4 : nullptr);
+            if (a.tma_store) {
+                /* through the warpgroup's staging tile: once its previous TMA store has read it, fill it, make the
+                 * writes visible to the async proxy, and one thread stores its boxes (waited on a tile later) */
+                unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
+                const bool leader = (threadIdx.x & 127) == 0;
+                if (leader) bulk_wait_read();
+                warpgroup_sync(cw);
+                if (SWIGLU) stage90<NA, true, T>::template run<FS_ACT_SILU>(acc, warp, g, t4, nullptr, tile);
+                else gemm_epilogue_dispatch<stage90<NA, false, T>>(p.act, acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile);
+                fence_proxy_async();
+                warpgroup_sync(cw);
+                if (leader) {
+                    for (int b = 0; b < OUT_BN / 64; b++) tma_store_2d(&map_y, tile + b * 8192, tn * OUT_BN + 64 * b, tm * BM + cw * 64);
+                    bulk_commit();
+                }
+            } else if (SWIGLU) {
+                epilogue90<NA, true>::template run<FS_ACT_SILU>(p, acc, row0, col0, nullptr);
+            } else {
+                gemm_epilogue_dispatch<epilogue90<NA, false>>(p.act, p, acc, row0, col0, bias ? bias + 2 * t4 : nullptr);
+            }
         }
+        if (a.tma_store && (threadIdx.x & 127) == 0) bulk_wait(); /* the last stores done before the block exits */
     }
 #endif
 }
 
 /* ---- host: tensor maps and launch ---- */
 
-/* A 2-D tensor map over rows x K elements (row stride ld) read in boxes of box_rows x BK, 128-byte swizzle. */
-static cudaError_t make_map(CUtensorMap *map, const void *base, fs_dtype dt, int rows, int K, int64_t ld, int box_rows)
+/* A 2-D tensor map over rows x cols elements (row stride ld), read or written in boxes of box_rows x BK,
+ * 128-byte swizzle. */
+static cudaError_t make_map(CUtensorMap *map, const void *base, fs_dtype dt, int rows, int cols, int64_t ld, int box_rows)
 {
-    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
     const cuuint32_t box[2] = {BK, (cuuint32_t)box_rows};
     return fs_make_tensor_map(map, base, dt == FS_BF16, 2, dims, strides, box);
 }
@@ -175,7 +236,7 @@ static cudaError_t make_map(CUtensorMap *map, const void *base, fs_dtype dt, int
 template <int BN, typename T, bool SWIGLU>
 static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan)
 {
-    constexpr int SMEM = gemm90_smem<BN>(), OUT_BN = SWIGLU ? BN / 2 : BN;
+    constexpr int SMEM = fs_gemm90_tile<BN, SWIGLU>::SMEM, OUT_BN = SWIGLU ? BN / 2 : BN;
     static fs_kernel handle;
     const void *kernel = (const void *)gemm_sm90<BN, T, SWIGLU>;
     fs_gemm90_args a;
@@ -185,18 +246,20 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
     const long long tiles = (long long)a.tiles_m * a.tiles_n;
     if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     a.tiles = (int)tiles;
+    a.tma_store = p->out_dtype == p->dtype && OUT_BN % 64 == 0 && (uintptr_t)p->y % 16 == 0 && p->ldy % 8 == 0;
     const int grid = tiles < sm_count ? (int)tiles : sm_count;
     if (plan) {
-        *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN>::STAGES, THREADS, SMEM, grid, tiles};
+        *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN, SWIGLU>::STAGES, THREADS, SMEM, grid, tiles};
         return cudaSuccess;
     }
-    CUtensorMap mx, mw, mw2;
+    CUtensorMap mx, mw, mw2, my;
     cudaError_t err = make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM);
     if (err == cudaSuccess) err = make_map(&mw, p->w, p->dtype, p->N, p->K, p->ldw, BN / 2);
     if (err == cudaSuccess) err = SWIGLU ? make_map(&mw2, p->w2, p->dtype, p->N, p->K, p->ldw2, BN / 2) : (mw2 = mw, cudaSuccess);
+    if (err == cudaSuccess) err = a.tma_store ? make_map(&my, p->y, p->dtype, p->M, p->N, p->ldy, 64) : (my = mx, cudaSuccess);
     if (err == cudaSuccess) err = fs_kernel_prepare(kernel, &handle, SMEM, device);
     if (err != cudaSuccess) return err;
-    void *args[] = {&mx, &mw, &mw2, &a};
+    void *args[] = {&mx, &mw, &mw2, &my, &a};
     return fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
 }
 

@@ -1,6 +1,7 @@
 /* mbarriers and TMA (the Hopper tensor memory accelerator) shared by the sm_90a kernel families
  * (attention_sm90.cu, gemm_sm90.cu): barrier init / arrive / wait in device code, bulk tensor loads of 2-D and
- * 4-D boxes, and on the host cuTensorMapEncodeTiled fetched from the driver through the runtime. */
+ * 4-D boxes and stores of 2-D ones, and on the host cuTensorMapEncodeTiled fetched from the driver through the
+ * runtime. */
 #ifndef FLASHSCI_TMA_CUH
 #define FLASHSCI_TMA_CUH
 
@@ -45,6 +46,18 @@ FS_DEV void tma_load_4d(void *dst, const CUtensorMap *map, int c0, int c1, int c
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
                  ::"r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar)) : "memory");
 }
+/* TMA: a box of shared memory to (c0, c1) of a 2-D tensor map (rows and columns past the map's ends are not
+ * written), in this thread's current bulk group; bulk_commit closes the group. */
+FS_DEV void tma_store_2d(const CUtensorMap *map, const void *src, int c0, int c1)
+{
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+                 ::"l"(map), "r"(c0), "r"(c1), "r"(smem_addr(src)) : "memory");
+}
+FS_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* Wait until this thread's bulk groups have read their shared memory (the buffer may be rewritten) ... */
+FS_DEV void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+/* ... or have completed. */
+FS_DEV void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 #endif
 
 typedef CUresult (*fs_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,

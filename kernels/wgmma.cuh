@@ -23,7 +23,7 @@ FS_DEV uint64_t desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo)
 FS_DEV void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 FS_DEV void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> FS_DEV_T void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-/* generic-proxy shared-memory writes (cp.async, st.shared) made visible to the async proxy (wgmma) */
+/* generic-proxy shared-memory writes (cp.async, st.shared) made visible to the async proxy (wgmma, TMA stores) */
 FS_DEV void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 /* D (64 x N, fp32) (+)= A (64 x 16, shared, K-major) B (16 x N, shared, K-major); acc = 0 overwrites D. */
