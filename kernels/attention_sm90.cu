@@ -20,7 +20,8 @@
  * to overlap P_j V_j as well, but ptxas schedules the wait for P_j V_j ahead of it (the exponentials follow
  * WARPGROUP.DEPBAR.LE 0 in the SASS): that overlap does not happen in this version (benchmarks/NOTES.md).
  * Tiles are 64-column halves of 128-byte rows with the 128-byte swizzle, as TMA writes them and as the
- * wgmma descriptors name them; TMA zero-fills rows past the sequence ends.
+ * wgmma descriptors name them; TMA zero-fills rows past the sequence ends. O leaves the same way: written
+ * into a swizzled staging tile, stored by TMA (which drops rows past Sq) while the next item starts.
  *
  * Scope: D = 64 and 128, no protein options, no KV split (the sm80 kernel takes the rest).
  *
@@ -36,6 +37,9 @@
  *       Tried and dropped (NOTES.md): D = 128 with Bc = 176 or 3 stages (no gain); one tile stream across
  *       work items with a double-buffered Q and the P V wait moved to another basic block (the softmax then
  *       overlaps P V in the SASS): 7-12% slower on every shape.
+ *   v4  O through a staging tile per consumer warpgroup and a TMA store (the direct 4-byte stores took 8-19%
+ *       of the time at D = 128, S = 1024, measured by leaving them out)     361-443 / 534-604
+ *       (same run: cuDNN 369-441 / 514-575, i.e. 0.95-0.97x its time at D = 128)
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -58,11 +62,12 @@ static_assert((int)fs_sm90_tile<64, 192>::NWG == (int)fs_sm90_tile<64, 128>::NWG
               (int)fs_sm90_tile<128, 128>::NWG == (int)fs_sm90_tile<64, 128>::NWG,
               "one Br for every tile shape: fs_attention_sm90_covers counts query tiles with it");
 
-/* shared memory: Q tile, K ring, V ring (1024-byte aligned), then the mbarriers; plus 1 KiB alignment slack */
+/* shared memory: Q tile, K ring, V ring, an O staging tile per consumer warpgroup (1024-byte aligned), then the
+ * mbarriers; plus 1 KiB alignment slack */
 template <int D, int BC> constexpr int sm90_smem()
 {
     using t = fs_sm90_tile<D, BC>;
-    return (64 * t::NWG + 2 * t::STAGES * BC) * D * 2 + (2 + 4 * t::STAGES) * 8 + 1024;
+    return (2 * 64 * t::NWG + 2 * t::STAGES * BC) * D * 2 + (2 + 4 * t::STAGES) * 8 + 1024;
 }
 
 typedef struct {
@@ -133,6 +138,8 @@ FS_DEV void sm90_softmax(float (&s)[NS * 4], const fs_attn_params &p, int k0, in
  * tensor cores. bar.sync waits for the 128 arrivals of the previous warpgroup besides its own 128. */
 FS_DEV void issue_turn_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); }
 template <int NWG> FS_DEV_T void issue_turn_pass(int cw) { asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (cw + 1) % NWG) : "memory"); }
+/* Named barrier 1 + NWG + cw: the 128 threads of consumer warpgroup cw alone. */
+template <int NWG> FS_DEV_T void warpgroup_sync(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + NWG + cw) : "memory"); }
 
 /* P (fp32, accumulator layout) to the A fragments of P V: pk[n][r] holds columns 8n + 2 t4, + 1 of row g + 8r. */
 template <int NS, typename T> FS_DEV_T void sm90_pack_p(const float (&s)[NS * 4], uint32_t (&pk)[NS][2])
@@ -148,7 +155,7 @@ template <int NS, typename T> FS_DEV_T void sm90_pack_p(const float (&s)[NS * 4]
 template <int D, int BC, typename T>
 __global__ void __launch_bounds__((fs_sm90_tile<D, BC>::NWG + 1) * 128, 1)
 attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
-                   const __grid_constant__ CUtensorMap map_v, const fs_sm90_args a)
+                   const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_o, const fs_sm90_args a)
 {
 #ifdef FS_WGMMA
     using tile = fs_sm90_tile<D, BC>;
@@ -158,7 +165,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     /* TMA's 128-byte swizzle and the wgmma descriptors address 1024-byte atoms: align the base */
     T *sQ = reinterpret_cast<T *>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
     T *sK = sQ + BR * D, *sV = sK + STAGES * BC * D; /* stage s at s BC D; 64-column halves BC rows apart */
-    uint64_t *q_full = reinterpret_cast<uint64_t *>(sV + STAGES * BC * D), *q_empty = q_full + 1;
+    T *sO = sV + STAGES * BC * D; /* 64 x D per consumer warpgroup */
+    uint64_t *q_full = reinterpret_cast<uint64_t *>(sO + BR * D), *q_empty = q_full + 1;
     uint64_t *k_full = q_empty + 1, *k_empty = k_full + STAGES, *v_full = k_empty + STAGES, *v_empty = v_full + STAGES;
     const fs_attn_params &p = a.p;
     const int wg = threadIdx.x >> 7;
@@ -291,24 +299,40 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             if (lane == 0) mbar_arrive(&v_empty[sv]);
 
             /* O_i / l_i (l summed over the four lanes of a row), lse = (m_i + log2 l_i) ln 2 */
-            T *gO = static_cast<T *>(p.o) + w.b * p.o_sb + w.h * p.o_sh;
+            float inv[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 float l = l_i[r];
                 l += __shfl_xor_sync(0xffffffff, l, 1);
                 l += __shfl_xor_sync(0xffffffff, l, 2);
-                const float inv = l > 0.f ? 1.f / l : 0.f;
+                inv[r] = l > 0.f ? 1.f / l : 0.f;
                 const int row = row0 + 8 * r;
-                if (row >= p.Sq) continue;
-#pragma unroll
-                for (int n = 0; n < NO; n++)
-                    *reinterpret_cast<uint32_t *>(gO + (int64_t)row * p.o_ss + n * 8 + 2 * t4) =
-                        pack2<T>(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
-                if (p.lse && t4 == 0)
+                if (p.lse && t4 == 0 && row < p.Sq)
                     static_cast<float *>(p.lse)[w.b * p.lse_sb + w.h * p.lse_sh + row] =
                         l > 0.f ? (m_i[r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
             }
+            /* O leaves through the warpgroup's staging tile (64 rows, boxes of 64 columns, 128-byte swizzle: 16-byte
+             * chunk k of row r at k ^ (r % 8), and r % 8 = g): once its previous TMA store has read it, fill it,
+             * make the writes visible to the async proxy, and one thread stores it; TMA drops rows past Sq (H200:
+             * 8-19% of the time at D = 128, S = 1024 went to the direct 4-byte stores this replaced) */
+            unsigned char *tile = reinterpret_cast<unsigned char *>(sO + cw * 64 * D);
+            const bool leader = (threadIdx.x & 127) == 0;
+            if (leader) bulk_wait_read();
+            warpgroup_sync<NWG>(cw);
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int n = 0; n < NO; n++)
+                    *reinterpret_cast<uint32_t *>(tile + (n / 8) * 8192 + (warp * 16 + g + 8 * r) * 128 + (((n % 8) ^ g) << 4) + 4 * t4) =
+                        pack2<T>(o[4 * n + 2 * r] * inv[r], o[4 * n + 2 * r + 1] * inv[r]);
+            fence_proxy_async();
+            warpgroup_sync<NWG>(cw);
+            if (leader) {
+                for (int c = 0; c < HALVES; c++) tma_store_4d(&map_o, tile + c * 8192, c * 64, w.q0 + cw * 64, w.h, w.b);
+                bulk_commit();
+            }
         }
+        if ((threadIdx.x & 127) == 0) bulk_wait(); /* the last stores done before the block exits */
     }
 #endif
 }
@@ -350,13 +374,14 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
         return cudaSuccess;
     }
     const int bf16 = p->dtype == FS_BF16;
-    CUtensorMap mq, mk, mv;
+    CUtensorMap mq, mk, mv, mo;
     cudaError_t err = sm90_map(&mq, p->q, bf16, p->Sq, p->H, p->B, D, p->q_ss, p->q_sh, p->q_sb, BR);
     if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, p->Sk, p->H, p->B, D, p->k_ss, p->k_sh, p->k_sb, BC);
     if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, p->Sk, p->H, p->B, D, p->v_ss, p->v_sh, p->v_sb, BC);
+    if (err == cudaSuccess) err = sm90_map(&mo, p->o, bf16, p->Sq, p->H, p->B, D, p->o_ss, p->o_sh, p->o_sb, 64);
     if (err == cudaSuccess) err = fs_kernel_prepare(kernel, &handle, SMEM, device);
     if (err != cudaSuccess) return err;
-    void *args[] = {&mq, &mk, &mv, &a};
+    void *args[] = {&mq, &mk, &mv, &mo, &a};
     return fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
 }
 
@@ -392,7 +417,7 @@ extern "C" int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count)
     return (p->dtype == FS_F16 || p->dtype == FS_BF16) && (p->D == 64 || p->D == 128) && p->Sq > 0 && p->Sk > 0 &&
            !p->cu_seqlens_q && !p->kpm && !p->seqlens && !p->bias && !p->t5_table && !p->rotary &&
            strides_ok(p->Sq, p->H, p->B, p->q_ss, p->q_sh, p->q_sb) && strides_ok(p->Sk, p->H, p->B, p->k_ss, p->k_sh, p->k_sb) &&
-           strides_ok(p->Sk, p->H, p->B, p->v_ss, p->v_sh, p->v_sb) &&
+           strides_ok(p->Sk, p->H, p->B, p->v_ss, p->v_sh, p->v_sb) && strides_ok(p->Sq, p->H, p->B, p->o_ss, p->o_sh, p->o_sb) &&
            (long long)p->B * p->H * ((p->Sq + br - 1) / br) >= sm_count;
 #else
     (void)p; (void)sm_count;

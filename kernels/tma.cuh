@@ -1,6 +1,6 @@
 /* mbarriers and TMA (the Hopper tensor memory accelerator) shared by the sm_90a kernel families
  * (attention_sm90.cu, gemm_sm90.cu): barrier init / arrive / wait in device code, bulk tensor loads of 2-D and
- * 4-D boxes and stores of 2-D ones, and on the host cuTensorMapEncodeTiled fetched from the driver through the
+ * 4-D boxes and stores of 2-D and 4-D ones, and on the host cuTensorMapEncodeTiled fetched from the driver through the
  * runtime. */
 #ifndef FLASHSCI_TMA_CUH
 #define FLASHSCI_TMA_CUH
@@ -52,6 +52,12 @@ FS_DEV void tma_store_2d(const CUtensorMap *map, const void *src, int c0, int c1
 {
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
                  ::"l"(map), "r"(c0), "r"(c1), "r"(smem_addr(src)) : "memory");
+}
+/* The same for a box at (c0, c1, c2, c3) of a 4-D tensor map. */
+FS_DEV void tma_store_4d(const CUtensorMap *map, const void *src, int c0, int c1, int c2, int c3)
+{
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+                 ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src)) : "memory");
 }
 FS_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /* Wait until this thread's bulk groups have read their shared memory (the buffer may be rewritten) ... */
