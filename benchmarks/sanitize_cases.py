@@ -1,6 +1,7 @@
 """A representative set of attention launches for compute-sanitizer (memcheck, racecheck):
 every head dim, both dtypes, tails, causal, bshd strides, KV groups, the split-KV + combine path, lse; then the
-protein options (padding mask with tile skipping, seqlens, bias, T5, rotary, varlen incl. empty sequences);
+protein options (padding mask with tile skipping, seqlens, bias, T5, rotary, varlen incl. empty sequences; on
+both kernels);
 then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every epilogue).
 SANITIZE_ONLY=linear runs the GEMM cases alone."""
 import os
@@ -66,4 +67,11 @@ for d in (64, 128):
                                          t5_bias=(torch.randn(3, 32, device=dev), 32, 128, True), return_lse=True)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
+    # the same with enough heads for the sm90 kernel on Hopper (packed rows, T5; no rotary there)
+    qp, kp, vp = (torch.randn(int(cu[-1]), 40, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    flashsci.attention_varlen(qp, kp, vp, cu, cu, 700, 700, causal=True, t5_bias=(torch.randn(40, 32, device=dev), 32, 128, True),
+                              return_lse=True)
+q, k, v = (torch.randn(3, 48, 300, 64, device=dev, dtype=f16) for _ in range(3))   # sm90: seqlens and T5
+flashsci.attention(q, k, v, seqlens=lens, t5_bias=(torch.randn(48, 32, device=dev), 32, 128, False), causal=True)
+torch.cuda.synchronize()
 print("sanitize cases done")

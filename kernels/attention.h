@@ -66,6 +66,16 @@ typedef struct {
  * min(Sq - 1, max_distance) + min(Sk - 1, max_distance) + 1 entries, at most this many */
 #define FS_CUDA_T5_MAX 16384
 
+/* The T5 relative positions the CUDA kernels tabulate: -*lneg .. *n - 1 - *lneg; positions beyond clamp to the
+ * ends, where the buckets have saturated (|rel| >= max_distance) or no query / key pair reaches. */
+static inline void fs_t5_span(const fs_attn_params *p, int *lneg, int *n)
+{
+    const int neg = p->Sq - 1 < p->t5_max_distance ? p->Sq - 1 : p->t5_max_distance;
+    const int pos = p->Sk - 1 < p->t5_max_distance ? p->Sk - 1 : p->t5_max_distance;
+    *lneg = neg;
+    *n = neg + pos + 1;
+}
+
 /* T5's relative-position bucket of rel = key position - query position, exactly as HF transformers'
  * T5Attention._relative_position_bucket (float32 log, truncation toward zero). */
 static inline FS_HD int fs_t5_bucket(int rel, int num_buckets, int max_distance, int bidirectional)

@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "attention_cuda.h"
+#include "attention_seq.cuh"
 #include "cuda_ptx.cuh"
 #include "launch.cuh"
 
@@ -90,7 +91,6 @@ template <> struct fs_tile_for<64, FS_BIG, true> : fs_cfg<4, 2, 64, 3, 0> {};
 template <int D> struct fs_pitch { enum { VALUE = D < 64 ? 64 : (D + 63) / 64 * 64 }; };
 
 #define FS_MAX_SPLITS 16
-#define FS_LOG2E 1.4426950408889634f
 #define FS_LIST_MAX 4096 /* KV tiles a key padding mask can compact in shared memory */
 #define FS_EXT_MAX (4 * FS_CUDA_T5_MAX + 4 * FS_LIST_MAX + 4 * 128 + 64) /* FEAT extras, bytes */
 #define FS_COUNTER_BYTES 16384 /* per-query-tile split counters; splitting needs blocks <= sm_count / 2 */
@@ -181,35 +181,6 @@ FS_DEV void rotate_tile_pairs(T *tile, int pos0, int valid, const float *inv_fre
             *p2 = *reinterpret_cast<uint4 *>(w2);
         }
     }
-}
-
-/* One element of a float tensor (bias, T5 table) as float. */
-FS_DEV float load_float(const void *base, int64_t i, fs_dtype dt)
-{
-    if (dt == FS_F32) return __ldg(static_cast<const float *>(base) + i);
-    if (dt == FS_F64) return (float)__ldg(static_cast<const double *>(base) + i);
-    const unsigned short bits = __ldg(static_cast<const unsigned short *>(base) + i);
-    return dt == FS_F16 ? __half2float(__ushort_as_half(bits)) : __bfloat162float(__ushort_as_bfloat16(bits));
-}
-
-/* This block's sequence: packed row offsets and lengths (cu_seqlens values are not checked on the host
- * for CUDA inputs, so they are clamped to the packed tensors here), then seqlens. */
-typedef struct { int64_t qo, ko; int q_len, k_len; } fs_seq;
-FS_DEV fs_seq seq_geometry(const fs_attn_params &p, int b)
-{
-    fs_seq s = {0, 0, p.Sq, p.Sk};
-    if (p.cu_seqlens_q) {
-        s.qo = min(max((int64_t)p.cu_seqlens_q[b], (int64_t)0), p.total_q);
-        s.ko = min(max((int64_t)p.cu_seqlens_k[b], (int64_t)0), p.total_k);
-        s.q_len = (int)max((int64_t)0, min((int64_t)p.cu_seqlens_q[b + 1] - s.qo, min((int64_t)p.Sq, p.total_q - s.qo)));
-        s.k_len = (int)max((int64_t)0, min((int64_t)p.cu_seqlens_k[b + 1] - s.ko, min((int64_t)p.Sk, p.total_k - s.ko)));
-    }
-    if (p.seqlens) {
-        const int len = min(max(p.seqlens[b], 0), p.Sq);
-        s.q_len = min(s.q_len, len);
-        s.k_len = min(s.k_len, len);
-    }
-    return s;
 }
 
 /* threads per block of a variant: WARPS per KV group */
@@ -766,11 +737,8 @@ static int plan_extras(const fs_attn_params *p, fs_sm80_args *a)
         bytes += 4 * (D / 2);
     }
     if (p->t5_table) {
-        const long long lneg = p->Sq - 1 < p->t5_max_distance ? p->Sq - 1 : p->t5_max_distance;
-        const long long lpos = p->Sk - 1 < p->t5_max_distance ? p->Sk - 1 : p->t5_max_distance;
         a->ext_t5 = bytes;
-        a->t5_lneg = (int)lneg;
-        a->t5_n = (int)(lneg + lpos + 1); /* <= FS_CUDA_T5_MAX, checked by the host */
+        fs_t5_span(p, &a->t5_lneg, &a->t5_n); /* t5_n <= FS_CUDA_T5_MAX, checked by the host */
         bytes += 4 * a->t5_n;
     }
     const int n_kv = (p->Sk + BC - 1) / BC;

@@ -47,6 +47,7 @@
 #include <stdint.h>
 
 #include "attention_cuda.h"
+#include "attention_seq.cuh"
 #include "launch.cuh"
 #include "tma.cuh"
 
@@ -62,54 +63,83 @@ static_assert((int)fs_sm90_tile<64, 192>::NWG == (int)fs_sm90_tile<64, 128>::NWG
               (int)fs_sm90_tile<128, 128>::NWG == (int)fs_sm90_tile<64, 128>::NWG,
               "one Br for every tile shape: fs_attention_sm90_covers counts query tiles with it");
 
-/* shared memory: Q tile, K ring, V ring, an O staging tile per consumer warpgroup (1024-byte aligned), then the
- * mbarriers; plus 1 KiB alignment slack */
-template <int D, int BC> constexpr int sm90_smem()
+#define FS_SM90_T5_MAX 2048 /* T5 bias entries per consumer warpgroup (FEAT) */
+
+/* shared memory: Q tile, K ring, V ring, an O staging tile per consumer warpgroup (1024-byte aligned), the
+ * mbarriers, with the protein options (FEAT) a T5 table per consumer warpgroup; plus 1 KiB alignment slack */
+template <int D, int BC, bool FEAT> constexpr int sm90_smem()
 {
     using t = fs_sm90_tile<D, BC>;
-    return (2 * 64 * t::NWG + 2 * t::STAGES * BC) * D * 2 + (2 + 4 * t::STAGES) * 8 + 1024;
+    return (2 * 64 * t::NWG + 2 * t::STAGES * BC) * D * 2 + (2 + 4 * t::STAGES) * 8 + (FEAT ? t::NWG * FS_SM90_T5_MAX * 4 : 0) +
+           1024;
 }
 
 typedef struct {
     fs_attn_params p;
     float scale_log2; /* scale * log2(e) */
     int n_qtiles, items;
+    int t5_lneg, t5_n; /* FEAT, T5: bias of relative positions -t5_lneg .. t5_n - 1 - t5_lneg (fs_t5_span) */
 } fs_sm90_args;
 
 #ifdef FS_WGMMA
-/* Work item t: (b, h, query tile from row q0), reading n_kv K/V tiles of Bc rows. Non-causal: the tiles of one
- * head adjacent (K/V shared in L2); causal: the heaviest tiles (last rows) of every head first. */
+/* Work item t: (b, h, query tile from row q0 of its sequence), reading n_kv K/V tiles of Bc rows. Non-causal:
+ * the tiles of one head adjacent (K/V shared in L2); causal: the heaviest tiles (last rows) of every head
+ * first. FEAT: the sequence's rows start at qo / ko of the packed tensors (tb = 0 names their one batch) and
+ * hold q_len / k_len rows; a packed item past its sequence is skipped, a padded one (seqlens) has no tiles
+ * and writes zeros. */
 typedef struct {
-    int b, h, q0, n_kv;
+    int b, h, q0, n_kv, tb, skip;
+    fs_seq seq;
 } sm90_work;
-FS_DEV sm90_work sm90_item(const fs_sm90_args &a, int t, int br, int bc)
+template <bool FEAT> FS_DEV sm90_work sm90_item(const fs_sm90_args &a, int t, int br, int bc)
 {
-    const int bh_count = a.p.B * a.p.H, bh = a.p.causal ? t % bh_count : t / a.n_qtiles;
-    const int q0 = (a.p.causal ? a.n_qtiles - 1 - t / bh_count : t % a.n_qtiles) * br;
-    const int kv_end = a.p.causal ? min(a.p.Sk, q0 + br) : a.p.Sk;
-    return sm90_work{bh / a.p.H, bh % a.p.H, q0, (kv_end + bc - 1) / bc};
+    const fs_attn_params &p = a.p;
+    const int bh_count = p.B * p.H, bh = p.causal ? t % bh_count : t / a.n_qtiles, b = bh / p.H;
+    const int q0 = (p.causal ? a.n_qtiles - 1 - t / bh_count : t % a.n_qtiles) * br;
+    const fs_seq seq = FEAT ? seq_geometry(p, b) : fs_seq{0, 0, p.Sq, p.Sk};
+    const int kv_end = q0 >= seq.q_len ? 0 : p.causal ? min(seq.k_len, min(q0 + br, seq.q_len)) : seq.k_len;
+    return sm90_work{b, bh % p.H, q0, (kv_end + bc - 1) / bc, FEAT && p.cu_seqlens_q ? 0 : b,
+                     FEAT && p.cu_seqlens_q && q0 >= seq.q_len, seq};
 }
 
 /* Online softmax of one S tile in place (NS column groups of 8, rows g and g + 8 of this thread's warp): masks,
  * then m_i <- max(m_i, rowmax(S) c); S <- P = exp2(S c - m_i); l_i <- alpha l_i + rowsum(P); returns
  * alpha = exp2(m_old - m_i) per row for the caller to rescale O with. Rows with every key masked so far keep
  * m_i = -inf and use 0 in its place (P = 0, no NaN). P stays fp32: packing it to the A fragments of P V waits
- * until the previous P V has read them. */
-template <int NS>
-FS_DEV void sm90_softmax(float (&s)[NS * 4], const fs_attn_params &p, int k0, int row0, int t4, float scale_log2,
-                         float (&m_i)[2], float (&l_i)[2], float (&alpha)[2])
+ * until the previous P V has read them. FEAT: keys past k_len are masked, and t5 (NULL: none) adds the T5 bias
+ * (log2 units) of relative position col - row at t5[clamp(col - row) + t5_lneg]; a tile whose positions all
+ * clamp to one entry only shifts the exponent. */
+template <int NS, bool FEAT>
+FS_DEV void sm90_softmax(float (&s)[NS * 4], const fs_attn_params &p, int k0, int k_len, int row0, int t4, float scale_log2,
+                         const float *t5, int t5_lneg, int t5_n, float (&m_i)[2], float (&l_i)[2], float (&alpha)[2])
 {
     const bool prescale = scale_log2 <= 0.f; /* a non-positive scale flips the max: scale before it */
     const float mul = prescale ? 1.f : scale_log2;
     if (prescale)
 #pragma unroll
         for (int i = 0; i < NS * 4; i++) s[i] *= scale_log2;
-    /* keys past Sk and, for causal, keys after the query (col > row) */
-    if (k0 + NS * 8 > p.Sk || (p.causal && k0 + NS * 8 - 1 > row0)) {
+    /* keys past the sequence and, for causal, keys after the query (col > row) */
+    if (k0 + NS * 8 > k_len || (p.causal && k0 + NS * 8 - 1 > row0)) {
 #pragma unroll
         for (int i = 0; i < NS * 4; i++) {
             const int col = k0 + (i >> 2) * 8 + 2 * t4 + (i & 1), row = row0 + ((i >> 1) & 1) * 8;
-            if (col >= p.Sk || (p.causal && col > row)) s[i] = -INFINITY;
+            if (col >= k_len || (p.causal && col > row)) s[i] = -INFINITY;
+        }
+    }
+    /* scores in log2 units are x = S tile_mul + tile_add */
+    float tile_mul = mul, tile_add = 0.f;
+    if (FEAT && t5) {
+        const int top = t5_n - 1 - t5_lneg;
+        const int lo = min(max(k0 - (row0 + 8), -t5_lneg), top), hi = min(max(k0 + NS * 8 - 1 - row0, -t5_lneg), top);
+        if (lo == hi) {
+            tile_add = t5[lo + t5_lneg];
+        } else {
+#pragma unroll
+            for (int i = 0; i < NS * 4; i++) {
+                const int rel = k0 + (i >> 2) * 8 + 2 * t4 + (i & 1) - (row0 + ((i >> 1) & 1) * 8);
+                s[i] = fmaf(s[i], mul, t5[min(max(rel, -t5_lneg), top) + t5_lneg]);
+            }
+            tile_mul = 1.f;
         }
     }
 #pragma unroll
@@ -117,16 +147,18 @@ FS_DEV void sm90_softmax(float (&s)[NS * 4], const fs_attn_params &p, int k0, in
         float mx = -INFINITY;
 #pragma unroll
         for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+        if (FEAT) mx = fmaf(mx, tile_mul, tile_add); /* lanes of a row may differ in tile_mul / tile_add */
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-        const float m_new = fmaxf(m_i[r], mx * mul), m_use = m_new == -INFINITY ? 0.f : m_new;
+        const float m_new = fmaxf(m_i[r], FEAT ? mx : mx * mul), m_use = m_new == -INFINITY ? 0.f : m_new;
         alpha[r] = exp2_approx(m_i[r] - m_use);
         m_i[r] = m_new;
+        const float shift = FEAT ? tile_add - m_use : -m_use;
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < NS; n++) {
-            s[4 * n + 2 * r] = exp2_approx(fmaf(s[4 * n + 2 * r], mul, -m_use));
-            s[4 * n + 2 * r + 1] = exp2_approx(fmaf(s[4 * n + 2 * r + 1], mul, -m_use));
+            s[4 * n + 2 * r] = exp2_approx(fmaf(s[4 * n + 2 * r], tile_mul, shift));
+            s[4 * n + 2 * r + 1] = exp2_approx(fmaf(s[4 * n + 2 * r + 1], tile_mul, shift));
             sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
         }
         l_i[r] = l_i[r] * alpha[r] + sum;
@@ -152,7 +184,7 @@ template <int NS, typename T> FS_DEV_T void sm90_pack_p(const float (&s)[NS * 4]
 }
 #endif
 
-template <int D, int BC, typename T>
+template <int D, int BC, typename T, bool FEAT>
 __global__ void __launch_bounds__((fs_sm90_tile<D, BC>::NWG + 1) * 128, 1)
 attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                    const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_o, const fs_sm90_args a)
@@ -168,6 +200,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     T *sO = sV + STAGES * BC * D; /* 64 x D per consumer warpgroup */
     uint64_t *q_full = reinterpret_cast<uint64_t *>(sO + BR * D), *q_empty = q_full + 1;
     uint64_t *k_full = q_empty + 1, *k_empty = k_full + STAGES, *v_full = k_empty + STAGES, *v_empty = v_full + STAGES;
+    float *s_t5 = reinterpret_cast<float *>(v_empty + STAGES); /* FEAT: FS_SM90_T5_MAX per consumer warpgroup */
     const fs_attn_params &p = a.p;
     const int wg = threadIdx.x >> 7;
     if (threadIdx.x == 0) {
@@ -196,12 +229,14 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 for (int c = 0; c < HALVES; c++) tma_load_4d(tile + c * rows * 64, map, c * 64, row0, h, b, full);
             };
             for (int t = blockIdx.x; t < a.items; t += gridDim.x) {
-                const sm90_work w = sm90_item(a, t, BR, BC);
-                load(sQ, &map_q, BR, w.q0, w.b, w.h, q_full, q_empty, q_phase ^ 1);
+                const sm90_work w = sm90_item<FEAT>(a, t, BR, BC);
+                if (FEAT && w.n_kv == 0) continue; /* skipped, or no key to read: nothing loaded */
+                const int qrow = (int)w.seq.qo + w.q0, krow = (int)w.seq.ko;
+                load(sQ, &map_q, BR, qrow, w.tb, w.h, q_full, q_empty, q_phase ^ 1);
                 q_phase ^= 1;
                 for (int j = 0; j < w.n_kv; j++) {
-                    load(sK + s * BC * D, &map_k, BC, j * BC, w.b, w.h, &k_full[s], &k_empty[s], phase ^ 1);
-                    load(sV + s * BC * D, &map_v, BC, j * BC, w.b, w.h, &v_full[s], &v_empty[s], phase ^ 1);
+                    load(sK + s * BC * D, &map_k, BC, krow + j * BC, w.tb, w.h, &k_full[s], &k_empty[s], phase ^ 1);
+                    load(sV + s * BC * D, &map_v, BC, krow + j * BC, w.tb, w.h, &v_full[s], &v_empty[s], phase ^ 1);
                     if (++s == STAGES) { s = 0; phase ^= 1; }
                 }
             }
@@ -232,104 +267,136 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             wgmma_commit();
         };
         for (int t = blockIdx.x; t < a.items; t += gridDim.x) {
-            const sm90_work w = sm90_item(a, t, BR, BC);
-            const int n_kv = w.n_kv, row0 = w.q0 + cw * 64 + warp * 16 + g; /* this thread's rows: row0, row0 + 8 */
+            const sm90_work w = sm90_item<FEAT>(a, t, BR, BC);
+            if (FEAT && w.skip) continue;
+            const int n_kv = w.n_kv, k_len = w.seq.k_len;
+            const int row0 = w.q0 + cw * 64 + warp * 16 + g; /* this thread's rows in its sequence: row0, row0 + 8 */
             float o[NO * 4], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f}, alpha[2];
 #pragma unroll
             for (int i = 0; i < NO * 4; i++) o[i] = 0.f;
-            uint32_t pk[NS][2];
-            mbar_wait(q_full, q_phase);
-            q_phase ^= 1;
-
-            /* tile 0: S_0, its softmax (O is still zero) */
-            {
-                float sc[NS * 4];
-                mbar_wait(&k_full[s], phase);
-                issue_turn_wait(cw);
-                wgmma_fence();
-                issue_s(sc);
-                issue_turn_pass<NWG>(cw);
-                wgmma_wait<0>();
-                if (lane == 0) {
-                    mbar_arrive(&k_empty[s]);
-                    if (n_kv == 1) mbar_arrive(q_empty); /* the item's last Q K^T is done: Q may be refilled */
+            const float *t5 = nullptr;
+            if (FEAT && p.t5_table && n_kv > 0) { /* this head's T5 bias by relative position, log2 units */
+                float *tab = s_t5 + cw * FS_SM90_T5_MAX;
+                warpgroup_sync<NWG>(cw); /* the whole warpgroup is past the previous item's softmax */
+                for (int i = threadIdx.x & 127; i < a.t5_n; i += 128) {
+                    const int bucket = fs_t5_bucket(i - a.t5_lneg, p.t5_buckets, p.t5_max_distance, p.t5_bidirectional);
+                    tab[i] = load_float(p.t5_table, w.h * p.t5_sh + bucket * p.t5_sn, p.t5_dtype) * FS_LOG2E;
                 }
-                sm90_softmax<NS>(sc, p, 0, row0, t4, a.scale_log2, m_i, l_i, alpha);
-                sm90_pack_p<NS, T>(sc, pk);
+                warpgroup_sync<NWG>(cw);
+                t5 = tab;
             }
-            int sv = s, phase_v = phase; /* the stage whose V the pending P V reads */
-            if (++s == STAGES) { s = 0; phase ^= 1; }
-            /* tile j: S_j and P_{j-1} V_{j-1} issued together; the softmax of S_j, then O rescaled once P V landed
-             * (ptxas puts that wait ahead of the softmax: see the header) */
-            for (int j = 1; j < n_kv; j++) {
-                float sc[NS * 4];
-                mbar_wait(&v_full[sv], phase_v); /* loaded before K_j */
-                mbar_wait(&k_full[s], phase);
+            if (!FEAT || n_kv > 0) { /* FEAT: no key to visit leaves O = 0, l = 0 */
+                uint32_t pk[NS][2];
+                mbar_wait(q_full, q_phase);
+                q_phase ^= 1;
+
+                /* tile 0: S_0, its softmax (O is still zero) */
+                {
+                    float sc[NS * 4];
+                    mbar_wait(&k_full[s], phase);
+                    issue_turn_wait(cw);
+                    wgmma_fence();
+                    issue_s(sc);
+                    issue_turn_pass<NWG>(cw);
+                    wgmma_wait<0>();
+                    if (lane == 0) {
+                        mbar_arrive(&k_empty[s]);
+                        if (n_kv == 1) mbar_arrive(q_empty); /* the item's last Q K^T is done: Q may be refilled */
+                    }
+                    sm90_softmax<NS, FEAT>(sc, p, 0, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n, m_i, l_i, alpha);
+                    sm90_pack_p<NS, T>(sc, pk);
+                }
+                int sv = s, phase_v = phase; /* the stage whose V the pending P V reads */
+                if (++s == STAGES) { s = 0; phase ^= 1; }
+                /* tile j: S_j and P_{j-1} V_{j-1} issued together; the softmax of S_j, then O rescaled once P V landed
+                 * (ptxas puts that wait ahead of the softmax: see the header) */
+                for (int j = 1; j < n_kv; j++) {
+                    float sc[NS * 4];
+                    mbar_wait(&v_full[sv], phase_v); /* loaded before K_j */
+                    mbar_wait(&k_full[s], phase);
+                    issue_turn_wait(cw);
+                    wgmma_fence();
+                    issue_s(sc);
+                    issue_pv(o, pk, sv);
+                    issue_turn_pass<NWG>(cw);
+                    wgmma_wait<1>(); /* S_j landed */
+                    if (lane == 0) {
+                        mbar_arrive(&k_empty[s]);
+                        if (j == n_kv - 1) mbar_arrive(q_empty);
+                    }
+                    sm90_softmax<NS, FEAT>(sc, p, j * BC, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n, m_i, l_i, alpha);
+                    wgmma_wait<0>(); /* P_{j-1} V_{j-1} landed */
+                    if (lane == 0) mbar_arrive(&v_empty[sv]);
+#pragma unroll
+                    for (int n = 0; n < NO; n++) {
+                        o[4 * n] *= alpha[0];
+                        o[4 * n + 1] *= alpha[0];
+                        o[4 * n + 2] *= alpha[1];
+                        o[4 * n + 3] *= alpha[1];
+                    }
+                    sm90_pack_p<NS, T>(sc, pk);
+                    sv = s;
+                    phase_v = phase;
+                    if (++s == STAGES) { s = 0; phase ^= 1; }
+                }
+                mbar_wait(&v_full[sv], phase_v);
                 issue_turn_wait(cw);
                 wgmma_fence();
-                issue_s(sc);
                 issue_pv(o, pk, sv);
                 issue_turn_pass<NWG>(cw);
-                wgmma_wait<1>(); /* S_j landed */
-                if (lane == 0) {
-                    mbar_arrive(&k_empty[s]);
-                    if (j == n_kv - 1) mbar_arrive(q_empty);
-                }
-                sm90_softmax<NS>(sc, p, j * BC, row0, t4, a.scale_log2, m_i, l_i, alpha);
-                wgmma_wait<0>(); /* P_{j-1} V_{j-1} landed */
+                wgmma_wait<0>();
                 if (lane == 0) mbar_arrive(&v_empty[sv]);
-#pragma unroll
-                for (int n = 0; n < NO; n++) {
-                    o[4 * n] *= alpha[0];
-                    o[4 * n + 1] *= alpha[0];
-                    o[4 * n + 2] *= alpha[1];
-                    o[4 * n + 3] *= alpha[1];
-                }
-                sm90_pack_p<NS, T>(sc, pk);
-                sv = s;
-                phase_v = phase;
-                if (++s == STAGES) { s = 0; phase ^= 1; }
             }
-            mbar_wait(&v_full[sv], phase_v);
-            issue_turn_wait(cw);
-            wgmma_fence();
-            issue_pv(o, pk, sv);
-            issue_turn_pass<NWG>(cw);
-            wgmma_wait<0>();
-            if (lane == 0) mbar_arrive(&v_empty[sv]);
 
-            /* O_i / l_i (l summed over the four lanes of a row), lse = (m_i + log2 l_i) ln 2 */
+            /* O_i / l_i (l summed over the four lanes of a row), lse = (m_i + log2 l_i) ln 2; FEAT: rows past a
+             * padded sequence's length are zeros with lse -inf, those past a packed one's are not written */
+            const bool packed = FEAT && p.cu_seqlens_q;
             float inv[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 float l = l_i[r];
                 l += __shfl_xor_sync(0xffffffff, l, 1);
                 l += __shfl_xor_sync(0xffffffff, l, 2);
-                inv[r] = l > 0.f ? 1.f / l : 0.f;
                 const int row = row0 + 8 * r;
-                if (p.lse && t4 == 0 && row < p.Sq)
-                    static_cast<float *>(p.lse)[w.b * p.lse_sb + w.h * p.lse_sh + row] =
+                if (FEAT && row >= w.seq.q_len) l = 0.f;
+                inv[r] = l > 0.f ? 1.f / l : 0.f;
+                if (p.lse && t4 == 0 && row < (packed ? w.seq.q_len : p.Sq))
+                    static_cast<float *>(p.lse)[w.b * p.lse_sb + w.h * p.lse_sh + w.seq.qo + row] =
                         l > 0.f ? (m_i[r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
             }
-            /* O leaves through the warpgroup's staging tile (64 rows, boxes of 64 columns, 128-byte swizzle: 16-byte
-             * chunk k of row r at k ^ (r % 8), and r % 8 = g): once its previous TMA store has read it, fill it,
-             * make the writes visible to the async proxy, and one thread stores it; TMA drops rows past Sq (H200:
-             * 8-19% of the time at D = 128, S = 1024 went to the direct 4-byte stores this replaced) */
-            unsigned char *tile = reinterpret_cast<unsigned char *>(sO + cw * 64 * D);
-            const bool leader = (threadIdx.x & 127) == 0;
-            if (leader) bulk_wait_read();
-            warpgroup_sync<NWG>(cw);
+            if (!packed || w.q0 + cw * 64 + 64 <= w.seq.q_len) {
+                /* O leaves through the warpgroup's staging tile (64 rows, boxes of 64 columns, 128-byte swizzle:
+                 * 16-byte chunk k of row r at k ^ (r % 8), and r % 8 = g): once its previous TMA store has read it,
+                 * fill it, make the writes visible to the async proxy, and one thread stores it; TMA drops rows past
+                 * Sq (H200: 8-19% of the time at D = 128, S = 1024 went to the direct 4-byte stores this replaced) */
+                unsigned char *tile = reinterpret_cast<unsigned char *>(sO + cw * 64 * D);
+                const bool leader = (threadIdx.x & 127) == 0;
+                if (leader) bulk_wait_read();
+                warpgroup_sync<NWG>(cw);
 #pragma unroll
-            for (int r = 0; r < 2; r++)
+                for (int r = 0; r < 2; r++)
 #pragma unroll
-                for (int n = 0; n < NO; n++)
-                    *reinterpret_cast<uint32_t *>(tile + (n / 8) * 8192 + (warp * 16 + g + 8 * r) * 128 + (((n % 8) ^ g) << 4) + 4 * t4) =
-                        pack2<T>(o[4 * n + 2 * r] * inv[r], o[4 * n + 2 * r + 1] * inv[r]);
-            fence_proxy_async();
-            warpgroup_sync<NWG>(cw);
-            if (leader) {
-                for (int c = 0; c < HALVES; c++) tma_store_4d(&map_o, tile + c * 8192, c * 64, w.q0 + cw * 64, w.h, w.b);
-                bulk_commit();
+                    for (int n = 0; n < NO; n++)
+                        *reinterpret_cast<uint32_t *>(tile + (n / 8) * 8192 + (warp * 16 + g + 8 * r) * 128 + (((n % 8) ^ g) << 4) + 4 * t4) =
+                            pack2<T>(o[4 * n + 2 * r] * inv[r], o[4 * n + 2 * r + 1] * inv[r]);
+                fence_proxy_async();
+                warpgroup_sync<NWG>(cw);
+                if (leader) {
+                    for (int c = 0; c < HALVES; c++)
+                        tma_store_4d(&map_o, tile + c * 8192, c * 64, (int)w.seq.qo + w.q0 + cw * 64, w.h, w.tb);
+                    bulk_commit();
+                }
+            } else { /* the last rows of a packed sequence: a TMA box would run into the next one's */
+                T *gO = static_cast<T *>(p.o) + w.h * p.o_sh + w.seq.qo * p.o_ss;
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int row = row0 + 8 * r;
+                    if (row >= w.seq.q_len) continue;
+#pragma unroll
+                    for (int n = 0; n < NO; n++)
+                        *reinterpret_cast<uint32_t *>(gO + (int64_t)row * p.o_ss + n * 8 + 2 * t4) =
+                            pack2<T>(o[4 * n + 2 * r] * inv[r], o[4 * n + 2 * r + 1] * inv[r]);
+                }
             }
         }
         if ((threadIdx.x & 127) == 0) bulk_wait(); /* the last stores done before the block exits */
@@ -353,18 +420,29 @@ static cudaError_t sm90_map(CUtensorMap *map, const void *base, int bf16, int S,
     return fs_make_tensor_map(map, base, bf16, 4, dims, strides, box);
 }
 
-/* Launch one tile shape on a persistent grid (one block per SM, at most one per work item), or only describe it. */
-template <int D, int BC, typename T>
+/* The rows and batches TMA addresses q / o (query side) or k / v with: the padded batch, or all packed rows as
+ * one batch. */
+static void sm90_extent(const fs_attn_params *p, int query_side, int *S, int *B)
+{
+    *S = p->cu_seqlens_q ? (int)(query_side ? p->total_q : p->total_k) : query_side ? p->Sq : p->Sk;
+    *B = p->cu_seqlens_q ? 1 : p->B;
+}
+
+/* Launch one tile shape on a persistent grid (one block per SM, at most one per work item), or only describe it.
+ * FEAT: the kernel with packed sequences, seqlens and the T5 bias. */
+template <int D, int BC, typename T, bool FEAT>
 static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan)
 {
     using tile = fs_sm90_tile<D, BC>;
-    constexpr int BR = 64 * tile::NWG, THREADS = 128 * (tile::NWG + 1), SMEM = sm90_smem<D, BC>();
+    constexpr int BR = 64 * tile::NWG, THREADS = 128 * (tile::NWG + 1), SMEM = sm90_smem<D, BC, FEAT>();
     static fs_kernel handle;
-    const void *kernel = (const void *)attention_fwd_sm90<D, BC, T>;
+    const void *kernel = (const void *)attention_fwd_sm90<D, BC, T, FEAT>;
     fs_sm90_args a;
     a.p = *p;
     a.scale_log2 = (float)(p->scale * 1.4426950408889634);
     a.n_qtiles = (p->Sq + BR - 1) / BR;
+    a.t5_lneg = a.t5_n = 0;
+    if (p->t5_table) fs_t5_span(p, &a.t5_lneg, &a.t5_n); /* <= FS_SM90_T5_MAX: fs_attention_sm90_covers */
     const long long items = (long long)p->B * p->H * a.n_qtiles;
     if (items > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     a.items = (int)items;
@@ -374,11 +452,14 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
         return cudaSuccess;
     }
     const int bf16 = p->dtype == FS_BF16;
+    int sq, sk, nb;
+    sm90_extent(p, 1, &sq, &nb);
+    sm90_extent(p, 0, &sk, &nb);
     CUtensorMap mq, mk, mv, mo;
-    cudaError_t err = sm90_map(&mq, p->q, bf16, p->Sq, p->H, p->B, D, p->q_ss, p->q_sh, p->q_sb, BR);
-    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, p->Sk, p->H, p->B, D, p->k_ss, p->k_sh, p->k_sb, BC);
-    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, p->Sk, p->H, p->B, D, p->v_ss, p->v_sh, p->v_sb, BC);
-    if (err == cudaSuccess) err = sm90_map(&mo, p->o, bf16, p->Sq, p->H, p->B, D, p->o_ss, p->o_sh, p->o_sb, 64);
+    cudaError_t err = sm90_map(&mq, p->q, bf16, sq, p->H, nb, D, p->q_ss, p->q_sh, p->q_sb, BR);
+    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, p->H, nb, D, p->k_ss, p->k_sh, p->k_sb, BC);
+    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, p->H, nb, D, p->v_ss, p->v_sh, p->v_sb, BC);
+    if (err == cudaSuccess) err = sm90_map(&mo, p->o, bf16, sq, p->H, nb, D, p->o_ss, p->o_sh, p->o_sb, 64);
     if (err == cudaSuccess) err = fs_kernel_prepare(kernel, &handle, SMEM, device);
     if (err != cudaSuccess) return err;
     void *args[] = {&mq, &mk, &mv, &mo, &a};
@@ -393,12 +474,16 @@ static int sm90_wide_keys(const fs_attn_params *p)
     return p->D == 64 && !p->causal && (padded - p->Sk) * 16 <= p->Sk;
 }
 
+/* The protein options take Bc = 128 (their T5 tables do not fit beside the 192-key ring). */
 template <typename T>
 static cudaError_t launch_dtype(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan)
 {
-    if (p->D == 128) return launch<128, 128, T>(p, device, sm_count, stream, plan);
-    return sm90_wide_keys(p) ? launch<64, 192, T>(p, device, sm_count, stream, plan)
-                             : launch<64, 128, T>(p, device, sm_count, stream, plan);
+    const bool feat = p->cu_seqlens_q || p->seqlens || p->t5_table;
+    if (p->D == 128)
+        return feat ? launch<128, 128, T, true>(p, device, sm_count, stream, plan) : launch<128, 128, T, false>(p, device, sm_count, stream, plan);
+    if (feat) return launch<64, 128, T, true>(p, device, sm_count, stream, plan);
+    return sm90_wide_keys(p) ? launch<64, 192, T, false>(p, device, sm_count, stream, plan)
+                             : launch<64, 128, T, false>(p, device, sm_count, stream, plan);
 }
 
 #ifdef FLASHSCI_SM90A
@@ -414,10 +499,15 @@ extern "C" int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count)
 {
 #ifdef FLASHSCI_SM90A
     const int br = 64 * fs_sm90_tile<64, 128>::NWG; /* every tile shape has this Br */
+    int sq, sk, nb, lneg = 0, t5_n = 0;
+    sm90_extent(p, 1, &sq, &nb);
+    sm90_extent(p, 0, &sk, &nb);
+    if (p->t5_table) fs_t5_span(p, &lneg, &t5_n);
     return (p->dtype == FS_F16 || p->dtype == FS_BF16) && (p->D == 64 || p->D == 128) && p->Sq > 0 && p->Sk > 0 &&
-           !p->cu_seqlens_q && !p->kpm && !p->seqlens && !p->bias && !p->t5_table && !p->rotary &&
-           strides_ok(p->Sq, p->H, p->B, p->q_ss, p->q_sh, p->q_sb) && strides_ok(p->Sk, p->H, p->B, p->k_ss, p->k_sh, p->k_sb) &&
-           strides_ok(p->Sk, p->H, p->B, p->v_ss, p->v_sh, p->v_sb) && strides_ok(p->Sq, p->H, p->B, p->o_ss, p->o_sh, p->o_sb) &&
+           !p->kpm && !p->bias && !p->rotary && t5_n <= FS_SM90_T5_MAX && sq > 0 && sk > 0 &&
+           (!p->cu_seqlens_q || (p->total_q < INT32_MAX && p->total_k < INT32_MAX)) &&
+           strides_ok(sq, p->H, nb, p->q_ss, p->q_sh, p->q_sb) && strides_ok(sk, p->H, nb, p->k_ss, p->k_sh, p->k_sb) &&
+           strides_ok(sk, p->H, nb, p->v_ss, p->v_sh, p->v_sb) && strides_ok(sq, p->H, nb, p->o_ss, p->o_sh, p->o_sb) &&
            (long long)p->B * p->H * ((p->Sq + br - 1) / br) >= sm_count;
 #else
     (void)p; (void)sm_count;
