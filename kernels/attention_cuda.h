@@ -22,7 +22,8 @@ typedef struct {
 cudaError_t fs_attention_sm80(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan);
 
 /* Whether the Hopper kernel (sm_90a, wgmma) takes this problem on an sm_90 device with sm_count SMs: built
- * for 90a, fp16/bf16, D = 64 or 128, no protein options, TMA-able strides, enough query tiles to fill the SMs. */
+ * for 90a, fp16/bf16, D = 64 or 128, no key padding mask, bias or rotary (packed sequences, seqlens and T5 are
+ * covered), TMA-able strides, enough query tiles to fill the SMs. */
 int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count);
 
 /* Launch the Hopper kernel on stream (device is current; a persistent grid of at most sm_count blocks), or with

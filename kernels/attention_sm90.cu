@@ -23,7 +23,9 @@
  * wgmma descriptors name them; TMA zero-fills rows past the sequence ends. O leaves the same way: written
  * into a swizzled staging tile, stored by TMA (which drops rows past Sq) while the next item starts.
  *
- * Scope: D = 64 and 128, no protein options, no KV split (the sm80 kernel takes the rest).
+ * Scope: D = 64 and 128; of the protein options packed variable length, seqlens and the T5 bias (FEAT
+ * instantiations: per-sequence offsets and lengths, the T5 table of the item's head in shared memory); no key
+ * padding mask, additive bias or rotary, no KV split (the sm80 kernel takes the rest).
  *
  * History (H200 fp16, TF/s on the S = 512 ... 16384 sweep, non-causal D = 64 / D = 128; FA2 = 250-299 /
  * 272-339, cuDNN 365-439 / 505-576):
@@ -40,6 +42,9 @@
  *   v4  O through a staging tile per consumer warpgroup and a TMA store (the direct 4-byte stores took 8-19%
  *       of the time at D = 128, S = 1024, measured by leaving them out)     361-443 / 534-604
  *       (same run: cuDNN 369-441 / 514-575, i.e. 0.95-0.97x its time at D = 128)
+ *   v5  packed variable length, seqlens, T5 bias (FEAT); the next item's sequence lengths load during the
+ *       current one; T5 buckets computed once per block. ESM2-3B heads on UniProt length buckets: 107-405
+ *       TF/s (sm80 FEAT: 89-260); ProtT5-XL heads with the T5 bias 0.84-0.89x the plain kernel's speed
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -66,12 +71,13 @@ static_assert((int)fs_sm90_tile<64, 192>::NWG == (int)fs_sm90_tile<64, 128>::NWG
 #define FS_SM90_T5_MAX 2048 /* T5 bias entries per consumer warpgroup (FEAT) */
 
 /* shared memory: Q tile, K ring, V ring, an O staging tile per consumer warpgroup (1024-byte aligned), the
- * mbarriers, with the protein options (FEAT) a T5 table per consumer warpgroup; plus 1 KiB alignment slack */
+ * mbarriers, with the protein options (FEAT) a T5 table per consumer warpgroup and the T5 bucket of every
+ * relative position; plus 1 KiB alignment slack */
 template <int D, int BC, bool FEAT> constexpr int sm90_smem()
 {
     using t = fs_sm90_tile<D, BC>;
-    return (2 * 64 * t::NWG + 2 * t::STAGES * BC) * D * 2 + (2 + 4 * t::STAGES) * 8 + (FEAT ? t::NWG * FS_SM90_T5_MAX * 4 : 0) +
-           1024;
+    return (2 * 64 * t::NWG + 2 * t::STAGES * BC) * D * 2 + (2 + 4 * t::STAGES) * 8 +
+           (FEAT ? (t::NWG * 4 + 2) * FS_SM90_T5_MAX : 0) + 1024;
 }
 
 typedef struct {
@@ -134,11 +140,17 @@ FS_DEV void sm90_softmax(float (&s)[NS * 4], const fs_attn_params &p, int k0, in
         if (lo == hi) {
             tile_add = t5[lo + t5_lneg];
         } else {
+            /* element (n, r, c) has rel = base + 8 (n - r) + c: one table load per distinct dd = n - r and c */
+            const int base = k0 + 2 * t4 - row0;
 #pragma unroll
-            for (int i = 0; i < NS * 4; i++) {
-                const int rel = k0 + (i >> 2) * 8 + 2 * t4 + (i & 1) - (row0 + ((i >> 1) & 1) * 8);
-                s[i] = fmaf(s[i], mul, t5[min(max(rel, -t5_lneg), top) + t5_lneg]);
-            }
+            for (int dd = -1; dd < NS; dd++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const float bias = t5[min(max(base + 8 * dd + c, -t5_lneg), top) + t5_lneg];
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+                        if (dd + r >= 0 && dd + r < NS) s[4 * (dd + r) + 2 * r + c] = fmaf(s[4 * (dd + r) + 2 * r + c], mul, bias);
+                }
             tile_mul = 1.f;
         }
     }
@@ -201,6 +213,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     uint64_t *q_full = reinterpret_cast<uint64_t *>(sO + BR * D), *q_empty = q_full + 1;
     uint64_t *k_full = q_empty + 1, *k_empty = k_full + STAGES, *v_full = k_empty + STAGES, *v_empty = v_full + STAGES;
     float *s_t5 = reinterpret_cast<float *>(v_empty + STAGES); /* FEAT: FS_SM90_T5_MAX per consumer warpgroup */
+    unsigned short *s_bucket = reinterpret_cast<unsigned short *>(s_t5 + NWG * FS_SM90_T5_MAX); /* FEAT, T5 */
     const fs_attn_params &p = a.p;
     const int wg = threadIdx.x >> 7;
     if (threadIdx.x == 0) {
@@ -214,6 +227,9 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
         }
         mbar_init_fence();
     }
+    if (FEAT && p.t5_table) /* the bucket of every tabulated relative position, once per block */
+        for (int i = threadIdx.x; i < a.t5_n; i += blockDim.x)
+            s_bucket[i] = (unsigned short)fs_t5_bucket(i - a.t5_lneg, p.t5_buckets, p.t5_max_distance, p.t5_bidirectional);
     __syncthreads();
 
     if (wg == 0) { /* producer: one thread issues every TMA load */
@@ -228,8 +244,11 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 mbar_expect_tx(full, rows * D * 2);
                 for (int c = 0; c < HALVES; c++) tma_load_4d(tile + c * rows * 64, map, c * 64, row0, h, b, full);
             };
+            sm90_work next = sm90_item<FEAT>(a, blockIdx.x, BR, BC);
             for (int t = blockIdx.x; t < a.items; t += gridDim.x) {
-                const sm90_work w = sm90_item<FEAT>(a, t, BR, BC);
+                /* FEAT: the next item's sequence lengths load while this item's tiles are issued */
+                const sm90_work w = FEAT ? next : sm90_item<FEAT>(a, t, BR, BC);
+                if (FEAT && t + (int)gridDim.x < a.items) next = sm90_item<FEAT>(a, t + gridDim.x, BR, BC);
                 if (FEAT && w.n_kv == 0) continue; /* skipped, or no key to read: nothing loaded */
                 const int qrow = (int)w.seq.qo + w.q0, krow = (int)w.seq.ko;
                 load(sQ, &map_q, BR, qrow, w.tb, w.h, q_full, q_empty, q_phase ^ 1);
@@ -266,8 +285,10 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             }
             wgmma_commit();
         };
+        sm90_work next = sm90_item<FEAT>(a, blockIdx.x, BR, BC);
         for (int t = blockIdx.x; t < a.items; t += gridDim.x) {
-            const sm90_work w = sm90_item<FEAT>(a, t, BR, BC);
+            const sm90_work w = FEAT ? next : sm90_item<FEAT>(a, t, BR, BC); /* FEAT: loaded during the last item */
+            if (FEAT && t + (int)gridDim.x < a.items) next = sm90_item<FEAT>(a, t + gridDim.x, BR, BC);
             if (FEAT && w.skip) continue;
             const int n_kv = w.n_kv, k_len = w.seq.k_len;
             const int row0 = w.q0 + cw * 64 + warp * 16 + g; /* this thread's rows in its sequence: row0, row0 + 8 */
@@ -278,10 +299,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             if (FEAT && p.t5_table && n_kv > 0) { /* this head's T5 bias by relative position, log2 units */
                 float *tab = s_t5 + cw * FS_SM90_T5_MAX;
                 warpgroup_sync<NWG>(cw); /* the whole warpgroup is past the previous item's softmax */
-                for (int i = threadIdx.x & 127; i < a.t5_n; i += 128) {
-                    const int bucket = fs_t5_bucket(i - a.t5_lneg, p.t5_buckets, p.t5_max_distance, p.t5_bidirectional);
-                    tab[i] = load_float(p.t5_table, w.h * p.t5_sh + bucket * p.t5_sn, p.t5_dtype) * FS_LOG2E;
-                }
+                for (int i = threadIdx.x & 127; i < a.t5_n; i += 128)
+                    tab[i] = load_float(p.t5_table, w.h * p.t5_sh + s_bucket[i] * p.t5_sn, p.t5_dtype) * FS_LOG2E;
                 warpgroup_sync<NWG>(cw);
                 t5 = tab;
             }
