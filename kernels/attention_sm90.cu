@@ -285,18 +285,78 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             }
             wgmma_commit();
         };
+        auto finish = [&](const sm90_work &w, int row0, const float (&o)[NO * 4], const float (&m_i)[2], const float (&l_i)[2]) {
+            /* O_i / l_i (l summed over the four lanes of a row), lse = (m_i + log2 l_i) ln 2; FEAT: rows past a
+             * padded sequence's length are zeros with lse -inf, those past a packed one's are not written */
+            const bool packed = FEAT && p.cu_seqlens_q;
+            float inv[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float l = l_i[r];
+                l += __shfl_xor_sync(0xffffffff, l, 1);
+                l += __shfl_xor_sync(0xffffffff, l, 2);
+                const int row = row0 + 8 * r;
+                if (FEAT && row >= w.seq.q_len) l = 0.f;
+                inv[r] = l > 0.f ? 1.f / l : 0.f;
+                if (p.lse && t4 == 0 && row < (packed ? w.seq.q_len : p.Sq))
+                    static_cast<float *>(p.lse)[w.b * p.lse_sb + w.h * p.lse_sh + w.seq.qo + row] =
+                        l > 0.f ? (m_i[r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+            }
+            if (!packed || __reduce_max_sync(0xffffffffu, (unsigned)(w.q0 + cw * 64 + 64 <= w.seq.q_len))) {
+                /* O leaves through the warpgroup's staging tile (64 rows, boxes of 64 columns, 128-byte swizzle:
+                 * 16-byte chunk k of row r at k ^ (r % 8), and r % 8 = g): once its previous TMA store has read it,
+                 * fill it, make the writes visible to the async proxy, and one thread stores it; TMA drops rows past
+                 * Sq (H200: 8-19% of the time at D = 128, S = 1024 went to the direct 4-byte stores this replaced) */
+                unsigned char *tile = reinterpret_cast<unsigned char *>(sO + cw * 64 * D);
+                const bool leader = (threadIdx.x & 127) == 0;
+                if (leader) bulk_wait_read();
+                warpgroup_sync<NWG>(cw);
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+#pragma unroll
+                    for (int n = 0; n < NO; n++)
+                        *reinterpret_cast<uint32_t *>(tile + (n / 8) * 8192 + (warp * 16 + g + 8 * r) * 128 + (((n % 8) ^ g) << 4) + 4 * t4) =
+                            pack2<T>(o[4 * n + 2 * r] * inv[r], o[4 * n + 2 * r + 1] * inv[r]);
+                fence_proxy_async();
+                warpgroup_sync<NWG>(cw);
+                if (leader) {
+                    for (int c = 0; c < HALVES; c++)
+                        tma_store_4d(&map_o, tile + c * 8192, c * 64, (int)w.seq.qo + w.q0 + cw * 64, w.h, w.tb);
+                    bulk_commit();
+                }
+            } else { /* the last rows of a packed sequence: a TMA box would run into the next one's */
+                T *gO = static_cast<T *>(p.o) + w.h * p.o_sh + w.seq.qo * p.o_ss;
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int row = row0 + 8 * r;
+                    if (row >= w.seq.q_len) continue;
+#pragma unroll
+                    for (int n = 0; n < NO; n++)
+                        *reinterpret_cast<uint32_t *>(gO + (int64_t)row * p.o_ss + n * 8 + 2 * t4) =
+                            pack2<T>(o[4 * n + 2 * r] * inv[r], o[4 * n + 2 * r + 1] * inv[r]);
+                }
+            }
+        };
         sm90_work next = sm90_item<FEAT>(a, blockIdx.x, BR, BC);
         for (int t = blockIdx.x; t < a.items; t += gridDim.x) {
             const sm90_work w = FEAT ? next : sm90_item<FEAT>(a, t, BR, BC); /* FEAT: loaded during the last item */
             if (FEAT && t + (int)gridDim.x < a.items) next = sm90_item<FEAT>(a, t + gridDim.x, BR, BC);
-            if (FEAT && w.skip) continue;
-            const int n_kv = w.n_kv, k_len = w.seq.k_len;
+            /* FEAT: skip and n_kv came from memory; redux.sync lands them in uniform registers, and an item with no
+             * key to visit leaves through its own branch (O = 0, l = 0) rather than the main loop sitting in a
+             * conditional: with both, ptxas keeps the ring's stage and phase and the wgmma descriptors built from
+             * them in the uniform datapath (as in the plain kernel) instead of 4-5 R2UR moves per wgmma */
+            if (FEAT && __reduce_max_sync(0xffffffffu, (unsigned)w.skip)) continue;
+            const int n_kv = FEAT ? (int)__reduce_max_sync(0xffffffffu, (unsigned)w.n_kv) : w.n_kv, k_len = w.seq.k_len;
             const int row0 = w.q0 + cw * 64 + warp * 16 + g; /* this thread's rows in its sequence: row0, row0 + 8 */
             float o[NO * 4], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f}, alpha[2];
 #pragma unroll
             for (int i = 0; i < NO * 4; i++) o[i] = 0.f;
+            if (FEAT && n_kv == 0) {
+                finish(w, row0, o, m_i, l_i);
+                continue;
+            }
             const float *t5 = nullptr;
-            if (FEAT && p.t5_table && n_kv > 0) { /* this head's T5 bias by relative position, log2 units */
+            if (FEAT && p.t5_table) { /* this head's T5 bias by relative position, log2 units */
                 float *tab = s_t5 + cw * FS_SM90_T5_MAX;
                 warpgroup_sync<NWG>(cw); /* the whole warpgroup is past the previous item's softmax */
                 for (int i = threadIdx.x & 127; i < a.t5_n; i += 128)
@@ -304,7 +364,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 warpgroup_sync<NWG>(cw);
                 t5 = tab;
             }
-            if (!FEAT || n_kv > 0) { /* FEAT: no key to visit leaves O = 0, l = 0 */
+            {
                 uint32_t pk[NS][2];
                 mbar_wait(q_full, q_phase);
                 q_phase ^= 1;
@@ -367,56 +427,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 if (lane == 0) mbar_arrive(&v_empty[sv]);
             }
 
-            /* O_i / l_i (l summed over the four lanes of a row), lse = (m_i + log2 l_i) ln 2; FEAT: rows past a
-             * padded sequence's length are zeros with lse -inf, those past a packed one's are not written */
-            const bool packed = FEAT && p.cu_seqlens_q;
-            float inv[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float l = l_i[r];
-                l += __shfl_xor_sync(0xffffffff, l, 1);
-                l += __shfl_xor_sync(0xffffffff, l, 2);
-                const int row = row0 + 8 * r;
-                if (FEAT && row >= w.seq.q_len) l = 0.f;
-                inv[r] = l > 0.f ? 1.f / l : 0.f;
-                if (p.lse && t4 == 0 && row < (packed ? w.seq.q_len : p.Sq))
-                    static_cast<float *>(p.lse)[w.b * p.lse_sb + w.h * p.lse_sh + w.seq.qo + row] =
-                        l > 0.f ? (m_i[r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
-            }
-            if (!packed || w.q0 + cw * 64 + 64 <= w.seq.q_len) {
-                /* O leaves through the warpgroup's staging tile (64 rows, boxes of 64 columns, 128-byte swizzle:
-                 * 16-byte chunk k of row r at k ^ (r % 8), and r % 8 = g): once its previous TMA store has read it,
-                 * fill it, make the writes visible to the async proxy, and one thread stores it; TMA drops rows past
-                 * Sq (H200: 8-19% of the time at D = 128, S = 1024 went to the direct 4-byte stores this replaced) */
-                unsigned char *tile = reinterpret_cast<unsigned char *>(sO + cw * 64 * D);
-                const bool leader = (threadIdx.x & 127) == 0;
-                if (leader) bulk_wait_read();
-                warpgroup_sync<NWG>(cw);
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-#pragma unroll
-                    for (int n = 0; n < NO; n++)
-                        *reinterpret_cast<uint32_t *>(tile + (n / 8) * 8192 + (warp * 16 + g + 8 * r) * 128 + (((n % 8) ^ g) << 4) + 4 * t4) =
-                            pack2<T>(o[4 * n + 2 * r] * inv[r], o[4 * n + 2 * r + 1] * inv[r]);
-                fence_proxy_async();
-                warpgroup_sync<NWG>(cw);
-                if (leader) {
-                    for (int c = 0; c < HALVES; c++)
-                        tma_store_4d(&map_o, tile + c * 8192, c * 64, (int)w.seq.qo + w.q0 + cw * 64, w.h, w.tb);
-                    bulk_commit();
-                }
-            } else { /* the last rows of a packed sequence: a TMA box would run into the next one's */
-                T *gO = static_cast<T *>(p.o) + w.h * p.o_sh + w.seq.qo * p.o_ss;
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const int row = row0 + 8 * r;
-                    if (row >= w.seq.q_len) continue;
-#pragma unroll
-                    for (int n = 0; n < NO; n++)
-                        *reinterpret_cast<uint32_t *>(gO + (int64_t)row * p.o_ss + n * 8 + 2 * t4) =
-                            pack2<T>(o[4 * n + 2 * r] * inv[r], o[4 * n + 2 * r + 1] * inv[r]);
-                }
-            }
+            finish(w, row0, o, m_i, l_i);
         }
         if ((threadIdx.x & 127) == 0) bulk_wait(); /* the last stores done before the block exits */
     }
