@@ -171,10 +171,11 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
              * by a thread finishing the previous tile); the accumulators must start from registers no
              * non-wgmma instruction writes inside the main loop, or ptxas serialises the wgmmas */
             float *bias = !SWIGLU && p.bias ? sBias + (cw * 2 + (tile_count & 1)) * BN : nullptr;
-            if (bias) {
+            if (bias)
                 for (int c = threadIdx.x & 127; c < OUT_BN; c += 128) bias[c] = gemm_acc_init(p, tn * OUT_BN + c);
-                warpgroup_sync(cw);
-            }
+            /* unconditional: a bar.sync under the branch pushes the main loop's stage, phase and wgmma
+             * descriptors out of the uniform registers (ptxas; 4 R2UR moves per wgmma) */
+            warpgroup_sync(cw);
             tile_count++;
             /* accumulator i sits at row row0 + 8 ((i / 2) % 2), column col0 + 8 (i / 4) + i % 2 */
             float acc[NA];
