@@ -45,6 +45,12 @@
  *   v5  packed variable length, seqlens, T5 bias (FEAT); the next item's sequence lengths load during the
  *       current one; T5 buckets computed once per block. ESM2-3B heads on UniProt length buckets: 107-405
  *       TF/s (sm80 FEAT: 89-260); ProtT5-XL heads with the T5 bias 0.84-0.89x the plain kernel's speed
+ *   v5.1 FEAT in uniform registers: the SASS of v5 kept the ring's stage and phase in ordinary registers and
+ *       moved every wgmma descriptor across with R2UR (the item's tile count came from memory, the main loop
+ *       sat in a conditional, the packed-store test was per thread); redux.sync on the loaded values and an
+ *       early exit for items without keys put them back in the uniform datapath. Option kernel with
+ *       seqlens = full lengths 6% / 3% slower than the plain one at S = 512 / 2048 (was 10% / 13%); T5 bias
+ *       0.87-0.93x the plain kernel's speed
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -31,6 +31,12 @@
  *       epilogue, so the next tile's wgmmas start at once (ring stages: as many as fit beside the staging
  *       tiles)                                                            523-649 (0.95-0.97x torch at
  *       M = 8192 except fc1 0.91x; M = 256 / 1024 0.77 / 0.76x)
+ *   v3.1 the bias block's warpgroup barrier made unconditional: a bar.sync under a branch had ptxas keep the
+ *       main loop's stage, phase and descriptors out of the uniform registers (4 R2UR per wgmma)
+ *                                                                        0.94-1.00x torch at M = 8192
+ *       Tried and dropped: stream-K (the last partial round and one full round split by K over all blocks,
+ *       partial tiles handed over through fp32 global slots): fc2 797 against 659 us (blocks at different K
+ *       offsets no longer share X / W panels in L2), M = 256 41 against 32 us (the 128 KB hand-over per block)
  */
 #include <cuda.h>
 #include <cuda_bf16.h>
