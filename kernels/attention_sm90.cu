@@ -49,8 +49,8 @@
  *       moved every wgmma descriptor across with R2UR (the item's tile count came from memory, the main loop
  *       sat in a conditional, the packed-store test was per thread); redux.sync on the loaded values and an
  *       early exit for items without keys put them back in the uniform datapath. Option kernel with
- *       seqlens = full lengths 6% / 3% slower than the plain one at S = 512 / 2048 (was 10% / 13%); T5 bias
- *       0.87-0.93x the plain kernel's speed
+ *       seqlens = full lengths 3-19% slower than the plain one over two runs (was 10-13%); T5 bias 0.85-0.93x
+ *       the plain kernel's speed (was 0.78-0.90)
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -370,7 +370,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 warpgroup_sync<NWG>(cw);
                 t5 = tab;
             }
-            {
+            { /* the item's K/V tiles */
                 uint32_t pk[NS][2];
                 mbar_wait(q_full, q_phase);
                 q_phase ^= 1;
