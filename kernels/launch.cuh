@@ -16,17 +16,20 @@ typedef struct { CUfunction fn[FS_LAUNCH_DEVICES]; } fs_kernel;
 typedef CUresult (*fs_cu_launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                     CUstream, void **, void **);
 
-/* cuLaunchKernel through the runtime's driver entry point (no link against libcuda); NULL if missing. */
+/* A driver API function through the runtime's entry point (no link against libcuda); NULL if missing. */
+static inline void *fs_driver_fn(const char *name)
+{
+    void *ptr = NULL;
+    cudaDriverEntryPointQueryResult q;
+    return cudaGetDriverEntryPointByVersion(name, &ptr, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+                   q == cudaDriverEntryPointSuccess ? ptr : NULL;
+}
+
+/* cuLaunchKernel, fetched once. */
 static inline fs_cu_launch_fn fs_cu_launch(void)
 {
     static fs_cu_launch_fn fn;
-    if (!fn) {
-        void *ptr = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuLaunchKernel", &ptr, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (fs_cu_launch_fn)ptr;
-    }
+    if (!fn) fn = (fs_cu_launch_fn)fs_driver_fn("cuLaunchKernel");
     return fn;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cuda.h>
 
+#include "launch.cuh"
 #include "wgmma.cuh"
 
 #ifdef FS_WGMMA
@@ -70,17 +71,11 @@ typedef CUresult (*fs_encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuin
                                        const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                        CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-/* cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda); NULL if missing. */
+/* cuTensorMapEncodeTiled through the runtime's driver entry point (launch.cuh), fetched once; NULL if missing. */
 static inline fs_encode_tiled_fn fs_encode_tiled(void)
 {
     static fs_encode_tiled_fn fn;
-    if (!fn) {
-        void *ptr = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (fs_encode_tiled_fn)ptr;
-    }
+    if (!fn) fn = (fs_encode_tiled_fn)fs_driver_fn("cuTensorMapEncodeTiled");
     return fn;
 }
 
