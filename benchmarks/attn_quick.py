@@ -1,6 +1,6 @@
 """Quick attention timing while iterating on a kernel (the full, recorded comparison is python -m flashsci.bench):
 flashsci against SDPA's cuDNN and flash backends on a few large configs, CUDA events, median of 20 after warm-up.
-    python benchmarks/attn_quick.py [--dtype bfloat16]"""
+    python benchmarks/attn_quick.py [--dtype bfloat16] [--head-dim 64]"""
 import argparse
 
 import torch
@@ -24,10 +24,14 @@ def time_us(fn, reps=20):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="float16")
-    dtype = getattr(torch, ap.parse_args().dtype)
+    ap.add_argument("--head-dim", type=int, help="only the configs of this head dim")
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
     print(f"{torch.cuda.get_device_name()}  {dtype}\n{'config':>26} {'fs us':>8} {'cudnn':>8} {'flash':>8} "
           f"{'fs TF/s':>8} {'x cudnn':>9} {'max diff':>9}")
     for b, h, s, d, causal in CONFIGS:
+        if args.head_dim and d != args.head_dim:
+            continue
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
         out = torch.empty_like(q)
         row = [time_us(lambda: flashsci.attention(q, k, v, causal=causal, out=out))]

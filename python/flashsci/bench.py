@@ -52,6 +52,10 @@ def gpu_configs(sets):
 # ---------------------------------------------------------------- GPU (torch as the reference point)
 
 def _median_event_time_us(torch, replay, calls, iters=15):
+    return statistics.median(_event_times_us(torch, replay, calls, iters))
+
+
+def _event_times_us(torch, replay, calls, iters):
     times = []
     for _ in range(iters):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -60,12 +64,11 @@ def _median_event_time_us(torch, replay, calls, iters=15):
         e1.record()
         e1.synchronize()
         times.append(e0.elapsed_time(e1) * 1e3 / calls)
-    return statistics.median(times)
+    return times
 
 
-def graph_kernel_time_us(torch, fn, inputs):
-    """Median per-call device time of fn over rotating input sets, from CUDA-graph replay."""
-    calls = max(len(inputs), 20)
+def _capture(torch, fn, inputs, calls):
+    """A CUDA graph of `calls` calls of fn over the rotating input sets (after one warm-up pass off the graph)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -78,9 +81,36 @@ def graph_kernel_time_us(torch, fn, inputs):
             fn(*inputs[i % len(inputs)])
     graph.replay()
     torch.cuda.synchronize()
-    t = _median_event_time_us(torch, graph.replay, calls)
-    del graph
-    return t
+    return graph
+
+
+def graph_kernel_times_us(torch, fns, inputs, optional=(), rounds=5, iters=3):
+    """Median per-call device time of each function of fns (name -> fn) from CUDA-graph replays over rotating
+    input sets; those named in optional give None where they raise RuntimeError (an SDPA backend that does not
+    take the inputs). The functions take turns, `iters` replays each per round, so that clock and power drift
+    over the measurement falls on all of them alike (a GPU that has just idled runs its first large GEMMs at
+    higher clocks than later ones)."""
+    calls = max(len(inputs), 20)
+    graphs, times = {}, {}
+    for name, fn in fns.items():
+        try:
+            graphs[name] = _capture(torch, fn, inputs, calls)
+            times[name] = []
+        except RuntimeError:
+            if name not in optional:
+                raise
+            graphs[name] = None
+    for _ in range(rounds):
+        for name, graph in graphs.items():
+            if graph is not None:
+                times[name] += _event_times_us(torch, graph.replay, calls, iters)
+    del graphs
+    return {name: statistics.median(times[name]) if name in times else None for name in fns}
+
+
+def graph_kernel_time_us(torch, fn, inputs):
+    """Median per-call device time of fn over rotating input sets, from CUDA-graph replay."""
+    return graph_kernel_times_us(torch, {"fn": fn}, inputs)["fn"]
 
 
 def per_call_us(torch, fn, x, n=300, sync=True):
@@ -98,6 +128,14 @@ def per_call_us(torch, fn, x, n=300, sync=True):
         runs.append((time.perf_counter() - t0) * 1e6 / n)
         torch.cuda.synchronize()
     return statistics.median(runs)
+
+
+def _with_backend(sdpa_kernel, backend, sdpa):
+    """sdpa restricted to one SDPA backend (raises RuntimeError where that backend does not take the inputs)."""
+    def fn(q, k, v):
+        with sdpa_kernel(backend):
+            return sdpa(q, k, v)
+    return fn
 
 
 def run_gpu(sets, dtype_name, out_dir, head_dim=None):
@@ -124,14 +162,10 @@ def run_gpu(sets, dtype_name, out_dir, head_dim=None):
         row = {"group": group, "B": b, "H": h, "Sq": s, "Sk": s, "D": d, "causal": causal, "dtype": dtype_name,
                "max_abs_diff_vs_sdpa": (fs(q, k, v).float() - ref.float()).abs().max().item()}
         fl = flops(b, h, s, s, d, causal)
-        row["flashsci_kernel_us"] = graph_kernel_time_us(torch, fs, inputs)
-        row["sdpa_kernel_us"] = graph_kernel_time_us(torch, sdpa, inputs)
-        for name, be in backends.items():
-            try:
-                with sdpa_kernel(be):
-                    row[f"{name}_kernel_us"] = graph_kernel_time_us(torch, sdpa, inputs)
-            except RuntimeError:
-                row[f"{name}_kernel_us"] = None
+        fns = {"flashsci": fs, "sdpa": sdpa}
+        fns.update({name: _with_backend(sdpa_kernel, be, sdpa) for name, be in backends.items()})
+        times = graph_kernel_times_us(torch, fns, inputs, optional=backends)
+        row.update({f"{name}_kernel_us": t for name, t in times.items()})
         plan = flashsci._flashsci._launch_plan(b, h, s, s, d, causal)
         row.update(kernel=plan["kernel"], variant=plan["variant"], blocks=plan["blocks"], kv_splits=plan["kv_splits"],
                    waves=plan["waves"])

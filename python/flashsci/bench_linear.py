@@ -14,7 +14,7 @@ import math
 import time
 
 import flashsci
-from flashsci.bench import _fmt, _slug, _write_results, graph_kernel_time_us, per_call_us
+from flashsci.bench import _fmt, _slug, _write_results, graph_kernel_times_us, per_call_us
 
 M = 8192
 # name, M, K, N, mode (plain | bias | gelu | relu | swiglu)
@@ -87,10 +87,9 @@ def run_linear(dtype_name, out_dir):
                "tile": f"{plan['BM']}x{plan['BN']}", "grid": plan["grid"], "tiles": plan["tiles"],
                "max_abs_diff_vs_torch": (ours.float() - theirs.float()).abs().max().item(),
                "max_abs_torch": theirs.float().abs().max().item()}
-        row["flashsci_us"] = graph_kernel_time_us(torch, fs, inputs)
-        row["torch"] = {}
-        for vname, fn in variants.items():
-            row["torch"][vname] = graph_kernel_time_us(torch, fn, inputs)
+        times = graph_kernel_times_us(torch, {"flashsci": fs, **variants}, inputs)
+        row["flashsci_us"] = times.pop("flashsci")
+        row["torch"] = times
         best_name = min(row["torch"], key=row["torch"].get)
         row["torch_best"], row["torch_best_us"] = best_name, row["torch"][best_name]
         row["flashsci_tflops"] = fl / row["flashsci_us"] / 1e6
