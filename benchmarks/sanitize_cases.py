@@ -73,5 +73,8 @@ for d in (64, 128):
                               return_lse=True)
 q, k, v = (torch.randn(3, 48, 300, 64, device=dev, dtype=f16) for _ in range(3))   # sm90: seqlens and T5
 flashsci.attention(q, k, v, seqlens=lens, t5_bias=(torch.randn(48, 32, device=dev), 32, 128, False), causal=True)
+cu = torch.tensor([0, 1, 171, 301, 301, 340], dtype=torch.int32, device=dev)           # sm90, 64-key tiles
+qp, kp, vp = (torch.randn(340, 48, 64, device=dev, dtype=f16) for _ in range(3))
+flashsci.attention_varlen(qp, kp, vp, cu, cu, 170, 170, t5_bias=(torch.randn(48, 32, device=dev), 32, 128, True))
 torch.cuda.synchronize()
 print("sanitize cases done")

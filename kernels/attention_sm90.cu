@@ -51,6 +51,10 @@
  *       early exit for items without keys put them back in the uniform datapath. Option kernel with
  *       seqlens = full lengths 3-19% slower than the plain one over two runs (was 10-13%); T5 bias 0.85-0.93x
  *       the plain kernel's speed (was 0.78-0.90)
+ *   v5.2 the consumer warpgroup index through redux.sync at D = 64 (the Q descriptors uniform too): 2.5-3% at
+ *       D = 64. Bc = 64 for the protein options at D = 64 when 128-key tiles would visit a quarter more keys
+ *       (ESM2-3B heads, a 96 x 170 UniProt bucket packed: 250.6 -> 223.7 us, 1.15 -> 1.29x torch's varlen_attn)
+ *       Tried and dropped (NOTES.md): exponentials on the FMA pipe, row sums by the tensor cores; both slower.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -64,13 +68,15 @@
 
 /* ---- tile configuration, one place: per (D, Bc), consumer warpgroups (Br = 64 NWG) and K/V ring stages.
  * D = 64 takes Bc = 192 on long non-causal key ranges that waste little of a last 192-key tile
- * (sm90_wide_keys), Bc = 128 otherwise ---- */
+ * (sm90_wide_keys), with the protein options Bc = 64 on short ones (sm90_narrow_keys), Bc = 128 otherwise ---- */
 template <int D, int BC> struct fs_sm90_tile;
 /*                                              NWG  STAGES */
+template <> struct fs_sm90_tile<64, 64>   { enum { NWG = 2, STAGES = 6 }; };
 template <> struct fs_sm90_tile<64, 128>  { enum { NWG = 2, STAGES = 4 }; };
 template <> struct fs_sm90_tile<64, 192>  { enum { NWG = 2, STAGES = 4 }; };
 template <> struct fs_sm90_tile<128, 128> { enum { NWG = 2, STAGES = 2 }; };
 static_assert((int)fs_sm90_tile<64, 192>::NWG == (int)fs_sm90_tile<64, 128>::NWG &&
+              (int)fs_sm90_tile<64, 64>::NWG == (int)fs_sm90_tile<64, 128>::NWG &&
               (int)fs_sm90_tile<128, 128>::NWG == (int)fs_sm90_tile<64, 128>::NWG,
               "one Br for every tile shape: fs_attention_sm90_covers counts query tiles with it");
 
@@ -513,13 +519,22 @@ static int sm90_wide_keys(const fs_attn_params *p)
     return p->D == 64 && !p->causal && (padded - p->Sk) * 16 <= p->Sk;
 }
 
-/* The protein options take Bc = 128 (their T5 tables do not fit beside the 192-key ring). */
+/* Bc = 64 for the protein options at D = 64 where 128-key tiles would visit a quarter more keys than 64-key
+ * ones (short sequences: at most 64, 129-192, 257-320 keys ...). */
+static int sm90_narrow_keys(const fs_attn_params *p)
+{
+    const long long pad64 = ((long long)p->Sk + 63) / 64 * 64, pad128 = ((long long)p->Sk + 127) / 128 * 128;
+    return p->D == 64 && (pad128 - pad64) * 4 >= pad64;
+}
+
+/* The protein options take Bc = 128 (their T5 tables do not fit beside the 192-key ring), or 64 (above). */
 template <typename T>
 static cudaError_t launch_dtype(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan)
 {
     const bool feat = p->cu_seqlens_q || p->seqlens || p->t5_table;
     if (p->D == 128)
         return feat ? launch<128, 128, T, true>(p, device, sm_count, stream, plan) : launch<128, 128, T, false>(p, device, sm_count, stream, plan);
+    if (feat && sm90_narrow_keys(p)) return launch<64, 64, T, true>(p, device, sm_count, stream, plan);
     if (feat) return launch<64, 128, T, true>(p, device, sm_count, stream, plan);
     return sm90_wide_keys(p) ? launch<64, 192, T, false>(p, device, sm_count, stream, plan)
                              : launch<64, 128, T, false>(p, device, sm_count, stream, plan);

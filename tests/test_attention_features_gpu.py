@@ -345,15 +345,16 @@ class TestGpuOptionErrors:
 @pytest.mark.parametrize("causal", [False, True])
 def test_hopper_options(causal, dtype):
     """Enough heads for the sm90 kernel on Hopper (the sm80 one elsewhere): packed sequences with Sq != Sk, empty
-    ones and last tiles that end inside a warpgroup's rows; seqlens; the T5 bias, alone and with both."""
-    lq, lk = [1, 130, 64, 300, 0, 257], [5, 200, 0, 300, 7, 257]
-    cu_q, (q, _, _) = pack(lq, 40, 64, dtype)
-    cu_k, (_, k, v) = pack(lk, 40, 64, dtype)
-    out = poisoned(q)
-    _, lse = flashsci.attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal, out=out, return_lse=True)
-    ref, theirs = varlen_reference(q, k, v, cu_q, cu_k, causal, 0.125)
-    assert_close(out, ref, theirs, "hopper varlen")
-    assert (out[131:195] == 0).all() and torch.isfinite(lse[:, :131]).all() and (lse[:, 131:195] == float("-inf")).all()
+    ones and last tiles that end inside a warpgroup's rows, with 128-key tiles and (at most 192 keys) 64-key ones;
+    seqlens; the T5 bias, alone and with both."""
+    for lq, lk in [([1, 130, 64, 300, 0, 257], [5, 200, 0, 300, 7, 257]), ([1, 130, 64, 170, 0, 129], [5, 150, 0, 170, 7, 65])]:
+        cu_q, (q, _, _) = pack(lq, 40, 64, dtype)
+        cu_k, (_, k, v) = pack(lk, 40, 64, dtype)
+        out = poisoned(q)
+        _, lse = flashsci.attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal, out=out, return_lse=True)
+        ref, theirs = varlen_reference(q, k, v, cu_q, cu_k, causal, 0.125)
+        assert_close(out, ref, theirs, f"hopper varlen, {max(lk)} keys")
+        assert (out[131:195] == 0).all() and torch.isfinite(lse[:, :131]).all() and (lse[:, 131:195] == float("-inf")).all()
 
     lengths, table = [100, 513, 64], torch.randn(32, 32, device="cuda")
     cu, (q, k, v) = pack(lengths, 32, 128, dtype)
@@ -362,18 +363,20 @@ def test_hopper_options(causal, dtype):
     ref, theirs = varlen_reference(q, k, v, cu, cu, causal, 1.0, t5=(table, 32, 128, True))
     assert_close(out, ref, theirs, "hopper varlen + t5")
 
-    b, h, s = 4, 48, 300
-    q, k, v = (rand(b, h, s, 64, dtype=dtype) for _ in range(3))
-    lens = torch.tensor([300, 129, 1, 0], dtype=torch.int32, device="cuda")
-    valid = torch.arange(s, device="cuda")[None, :] < lens[:, None].long()
-    keep = valid[:, None, None, :] & valid[:, None, :, None] & (causal_keep(s, s) if causal else True)
-    table = (torch.randn(h, 16, device="cuda") * 2).to(dtype)
-    dense = t5_dense(table.float(), s, s, 16, 50, False)
-    for kw, add in [({}, None), ({"t5_bias": (table, 16, 50, False)}, dense)]:
-        out = poisoned(q)
-        flashsci.attention(q, k, v, causal=causal, seqlens=lens, out=out, **kw)
-        assert_close(out, ref64(q, k, v, 0.125, keep, add)[0], torch_lowp(q, k, v, 0.125, keep, add), f"hopper seqlens {list(kw)}")
-        assert (out[1, :, 129:] == 0).all() and (out[3] == 0).all()
+    for s in (300, 170):
+        b, h = 4, 48
+        q, k, v = (rand(b, h, s, 64, dtype=dtype) for _ in range(3))
+        lens = torch.tensor([s, 129, 1, 0], dtype=torch.int32, device="cuda")
+        valid = torch.arange(s, device="cuda")[None, :] < lens[:, None].long()
+        keep = valid[:, None, None, :] & valid[:, None, :, None] & (causal_keep(s, s) if causal else True)
+        table = (torch.randn(h, 16, device="cuda") * 2).to(dtype)
+        dense = t5_dense(table.float(), s, s, 16, 50, False)
+        for kw, add in [({}, None), ({"t5_bias": (table, 16, 50, False)}, dense)]:
+            out = poisoned(q)
+            flashsci.attention(q, k, v, causal=causal, seqlens=lens, out=out, **kw)
+            assert_close(out, ref64(q, k, v, 0.125, keep, add)[0], torch_lowp(q, k, v, 0.125, keep, add),
+                         f"hopper seqlens {list(kw)}, S = {s}")
+            assert (out[1, :, 129:] == 0).all() and (out[3] == 0).all()
     q, k, v = rand(2, 32, 300, 128, dtype=dtype) * 0.1, rand(2, 32, 700, 128, dtype=dtype) * 0.1, rand(2, 32, 700, 128, dtype=dtype)
     table = torch.randn(32, 32, device="cuda") * 3
     dense = t5_dense(table, 300, 700, 32, 128, True)
