@@ -38,8 +38,9 @@ for kernel in ("auto", "sm80"):  # linear / swiglu: M, N, K tails, strided x row
         flashsci.linear(x, w, torch.randn(n, device=dev), **kw)
         flashsci.swiglu(x, torch.randn(2 * n, k_, device=dev, dtype=torch.bfloat16))
     flashsci.linear(torch.randn(2048, 256, device=dev, dtype=f16), torch.randn(2304, 256, device=dev, dtype=f16))  # 128x256 tiles
-    flashsci.linear(torch.randn(256, 256, device=dev, dtype=f16), torch.randn(10240, 256, device=dev, dtype=f16),
-                    torch.randn(10240, device=dev, dtype=f16), activation="gelu")  # 128x192 tiles
+    for n in (10240, 12288):  # 128x160 tiles (direct stores), 128x192
+        flashsci.linear(torch.randn(256, 256, device=dev, dtype=f16), torch.randn(n, 256, device=dev, dtype=f16),
+                        torch.randn(n, device=dev, dtype=f16), activation="gelu")
     torch.cuda.synchronize()
 flashsci._flashsci._set_gemm_kernel("auto")
 if ONLY == "linear":

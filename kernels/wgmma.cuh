@@ -64,6 +64,7 @@ template <> FS_DEV_T void wgmma_rs<N, TY>(float d[N / 2], const uint32_t a[4], u
 #define FS_WGMMA_SHAPES(TY, TN) \
     FS_WGMMA_SS(64, TY, TN, FS_R0 ", " FS_R16, "%32", "%33", "%34", FS_D32(0)) \
     FS_WGMMA_SS(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64", "%65", "%66", FS_D32(0), FS_D32(32)) \
+    FS_WGMMA_SS(160, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64, "%80", "%81", "%82", FS_D32(0), FS_D32(32), FS_D8(64), FS_D8(72)) \
     FS_WGMMA_SS(192, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64 ", " FS_R80, "%96", "%97", "%98", FS_D32(0), FS_D32(32), FS_D32(64)) \
     FS_WGMMA_SS(256, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64 ", " FS_R80 ", " FS_R96 ", " FS_R112, "%128", "%129", "%130", FS_D32(0), FS_D32(32), FS_D32(64), FS_D32(96)) \
     FS_WGMMA_RS(64, TY, TN, FS_R0 ", " FS_R16, "%32, %33, %34, %35", "%36", FS_D32(0)) \

@@ -149,8 +149,18 @@ def test_dispatch_plan():
         assert (plan["BM"], plan["BN"]) == (128, 256) and plan["grid"] == plan["sm_count"]
         small = flashsci._flashsci._gemm_plan(256, 7680, 2560)   # 60 big tiles < SMs: 128 x 128 tiles
         assert small["BN"] == 128 and small["tiles"] == 120
-        mid = flashsci._flashsci._gemm_plan(256, 10240, 2560)   # 192-wide tiles: 108 in one round
-        assert mid["BN"] == 192 and mid["tiles"] == 108
+        mid = flashsci._flashsci._gemm_plan(256, 10240, 2560)   # 160-wide tiles: 128 in one round (192: 108)
+        assert mid["BN"] == 160 and mid["tiles"] == 128
+        assert flashsci._flashsci._gemm_plan(256, 10240, 2560, swiglu=True)["BN"] != 80   # SwiGLU: no 160-wide tile
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_160_wide_tiles(dtype, kernel):
+    """M <= 256 and N near 132 x 80: the 160-wide tile (direct stores), with tails in M, N and K."""
+    if kernel == "auto" and torch.cuda.get_device_capability() == (9, 0):
+        assert flashsci._flashsci._gemm_plan(200, 9592, 520)["BN"] == 160
+    check(200, 520, 9592, act="gelu", dtype=dtype)
+    check(256, 2560, 10240, bias=False, dtype=dtype, x_pad=8)
 
 
 def test_cuda_graph_capture():
