@@ -520,7 +520,7 @@ static int sm90_wide_keys(const fs_attn_params *p)
 }
 
 /* Bc = 64 for the protein options at D = 64 where 128-key tiles would visit a quarter more keys than 64-key
- * ones (short sequences: at most 64, 129-192, 257-320 keys ...). */
+ * ones: at most 64 keys, or 129-192 (the ESM2 length buckets of 170 or so). */
 static int sm90_narrow_keys(const fs_attn_params *p)
 {
     const long long pad64 = ((long long)p->Sk + 63) / 64 * 64, pad128 = ((long long)p->Sk + 127) / 128 * 128;
