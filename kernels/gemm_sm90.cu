@@ -79,25 +79,33 @@ FS_DEV void warpgroup_sync(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 
 #endif
 
 
-/* Store a consumer warpgroup's 64 x BN accumulators (NA per thread) from row0 / col0 of this thread; bias
- * holds the tile's BN bias values in shared memory (NULL: none). Column chunks are fenced from each other so
+/* Walk a consumer warpgroup's accumulators (NA per thread) as output column pairs: sink(h, j, v0, v1, u0, u1)
+ * gets the pair at row + 8 h, column + 8 j of this thread, bias added (bias: the tile's BN bias values in
+ * shared memory, NULL: none; SwiGLU: u0, u1 the up projection). Column chunks are fenced from each other so
  * the compiler cannot hoist every bias load above the first store (that would spill the accumulators). */
+template <int NA, bool SWIGLU, typename SINK> FS_DEV void epilogue_pairs90(const float (&acc)[NA], const float *bias, SINK sink)
+{
+    constexpr int PAIRS = SWIGLU ? NA / 4 : NA / 2, CHUNK = 8; /* output column pairs per thread */
+#pragma unroll
+    for (int c = 0; c < PAIRS; c += CHUNK) {
+        asm volatile("" ::: "memory");
+#pragma unroll
+        for (int q = c; q < c + CHUNK; q++) {
+            const int i = 2 * q, j = i / 4, h = (i / 2) % 2;
+            const float2 b = bias ? *reinterpret_cast<const float2 *>(bias + 8 * j) : make_float2(0.f, 0.f);
+            sink(h, j, acc[i] + b.x, acc[i + 1] + b.y, SWIGLU ? acc[i + NA / 2] : 0.f, SWIGLU ? acc[i + NA / 2 + 1] : 0.f);
+        }
+    }
+}
+
+/* Store the accumulators from row0 / col0 of this thread straight to y. */
 template <int NA, bool SWIGLU> struct epilogue90 {
     template <fs_activation ACT>
     FS_DEV void run(const fs_gemm_params &p, const float (&acc)[NA], int row0, int col0, const float *bias)
     {
-        constexpr int PAIRS = SWIGLU ? NA / 4 : NA / 2, CHUNK = 8; /* output column pairs per thread */
-#pragma unroll
-        for (int c = 0; c < PAIRS; c += CHUNK) {
-            asm volatile("" ::: "memory");
-#pragma unroll
-            for (int q = c; q < c + CHUNK; q++) {
-                const int i = 2 * q, j = i / 4, h = (i / 2) % 2;
-                const float2 b = bias ? *reinterpret_cast<const float2 *>(bias + 8 * j) : make_float2(0.f, 0.f);
-                gemm_store_pair<SWIGLU, ACT>(p, row0 + 8 * h, col0 + 8 * j, acc[i] + b.x, acc[i + 1] + b.y,
-                                             SWIGLU ? acc[i + NA / 2] : 0.f, SWIGLU ? acc[i + NA / 2 + 1] : 0.f);
-            }
-        }
+        epilogue_pairs90<NA, SWIGLU>(acc, bias, [&](int h, int j, float v0, float v1, float u0, float u1) {
+            gemm_store_pair<SWIGLU, ACT>(p, row0 + 8 * h, col0 + 8 * j, v0, v1, u0, u1);
+        });
     }
 };
 
@@ -108,20 +116,11 @@ template <int NA, bool SWIGLU, typename T> struct stage90 {
     template <fs_activation ACT>
     FS_DEV void run(const float (&acc)[NA], int warp, int g, int t4, const float *bias, unsigned char *tile)
     {
-        constexpr int PAIRS = SWIGLU ? NA / 4 : NA / 2, CHUNK = 8;
-#pragma unroll
-        for (int c = 0; c < PAIRS; c += CHUNK) {
-            asm volatile("" ::: "memory");
-#pragma unroll
-            for (int q = c; q < c + CHUNK; q++) {
-                const int i = 2 * q, j = i / 4, h = (i / 2) % 2;
-                const float2 b = bias ? *reinterpret_cast<const float2 *>(bias + 8 * j) : make_float2(0.f, 0.f);
-                const float2 v = gemm_finish_pair<SWIGLU, ACT>(acc[i] + b.x, acc[i + 1] + b.y, SWIGLU ? acc[i + NA / 2] : 0.f,
-                                                               SWIGLU ? acc[i + NA / 2 + 1] : 0.f);
-                const int r = warp * 16 + g + 8 * h;
-                *reinterpret_cast<uint32_t *>(tile + (j / 8) * 8192 + r * 128 + (((j % 8) ^ g) << 4) + 4 * t4) = pack2<T>(v.x, v.y);
-            }
-        }
+        epilogue_pairs90<NA, SWIGLU>(acc, bias, [&](int h, int j, float v0, float v1, float u0, float u1) {
+            const float2 v = gemm_finish_pair<SWIGLU, ACT>(v0, v1, u0, u1);
+            const int r = warp * 16 + g + 8 * h;
+            *reinterpret_cast<uint32_t *>(tile + (j / 8) * 8192 + r * 128 + (((j % 8) ^ g) << 4) + 4 * t4) = pack2<T>(v.x, v.y);
+        });
     }
 };
 
