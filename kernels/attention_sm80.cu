@@ -43,6 +43,7 @@
 #include "attention_seq.cuh"
 #include "cuda_ptx.cuh"
 #include "launch.cuh"
+#include "workspace.h"
 
 
 /* ---- tile configuration, one place: warps per query-row group, m16 row tiles per warp (Br = 16 * MT * WARPS),
@@ -93,7 +94,6 @@ template <int D> struct fs_pitch { enum { VALUE = D < 64 ? 64 : (D + 63) / 64 * 
 #define FS_MAX_SPLITS 16
 #define FS_LIST_MAX 4096 /* KV tiles a key padding mask can compact in shared memory */
 #define FS_EXT_MAX (4 * FS_CUDA_T5_MAX + 4 * FS_LIST_MAX + 4 * 128 + 64) /* FEAT extras, bytes */
-#define FS_COUNTER_BYTES 16384 /* per-query-tile split counters; splitting needs blocks <= sm_count / 2 */
 
 /* Everything a launch needs beyond the problem: KV splits and their fp32 workspace. */
 typedef struct {
@@ -656,63 +656,6 @@ __global__ void __launch_bounds__(fs_block<D, V, FEAT>::THREADS) attention_fwd_s
     }
 }
 
-/* Split-KV workspace. Outside graph capture, one cached buffer per (device, stream): every use of it is
- * ordered on its stream, so reuse is race-free and costs no allocation. Under capture the graph owns a
- * stream-ordered allocation instead (a cached pointer baked into a graph could be freed later). */
-#define FS_WS_SLOTS 16
-typedef struct { int device; cudaStream_t stream; void *ptr; size_t bytes; } fs_ws_slot;
-static fs_ws_slot ws_slots[FS_WS_SLOTS];
-static int ws_next_evict;
-
-static int stream_capturing(cudaStream_t stream)
-{
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    return cudaStreamIsCapturing(stream, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone;
-}
-
-/* Hand out at least bytes of workspace ordered on stream, its first FS_COUNTER_BYTES zeroed. Kernels
- * leave every counter they use back at zero, so zeroing at allocation is enough. */
-static cudaError_t workspace_get(int device, cudaStream_t stream, size_t bytes, void **ptr)
-{
-    if (stream_capturing(stream)) {
-        cudaError_t err = cudaMallocAsync(ptr, bytes, stream);
-        return err != cudaSuccess ? err : cudaMemsetAsync(*ptr, 0, FS_COUNTER_BYTES, stream);
-    }
-    fs_ws_slot *slot = NULL;
-    for (int i = 0; i < FS_WS_SLOTS && !slot; i++)
-        if (ws_slots[i].ptr && ws_slots[i].device == device && ws_slots[i].stream == stream) slot = &ws_slots[i];
-    for (int i = 0; i < FS_WS_SLOTS && !slot; i++)
-        if (!ws_slots[i].ptr) slot = &ws_slots[i];
-    if (!slot) { /* all slots taken by other streams: free one (cudaFree waits for its pending work) */
-        slot = &ws_slots[ws_next_evict++ % FS_WS_SLOTS];
-        cudaError_t err = cudaFree(slot->ptr);
-        slot->ptr = NULL;
-        if (err != cudaSuccess) return err;
-    }
-    if (slot->ptr && slot->bytes < bytes) {
-        cudaError_t err = cudaFreeAsync(slot->ptr, stream);
-        slot->ptr = NULL;
-        if (err != cudaSuccess) return err;
-    }
-    if (!slot->ptr) {
-        bytes = bytes < (1u << 20) ? (1u << 20) : bytes + bytes / 4;
-        cudaError_t err = cudaMallocAsync(&slot->ptr, bytes, stream);
-        if (err != cudaSuccess) { slot->ptr = NULL; return err; }
-        slot->device = device;
-        slot->stream = stream;
-        slot->bytes = bytes;
-        if ((err = cudaMemsetAsync(slot->ptr, 0, FS_COUNTER_BYTES, stream)) != cudaSuccess) return err;
-    }
-    *ptr = slot->ptr;
-    return cudaSuccess;
-}
-
-/* Give back workspace from workspace_get: only the capture-time allocation is freed. */
-static cudaError_t workspace_release(cudaStream_t stream, void *ptr)
-{
-    return stream_capturing(stream) ? cudaFreeAsync(ptr, stream) : cudaSuccess;
-}
-
 /* KV splits: only when the query tiles leave at least half the SMs idle and the key range is long
  * (16+ tiles: below that the merge costs more than the parallelism saves, measured on the H200);
  * each split keeps two KV tiles, and the split counters fit FS_COUNTER_BYTES. */
@@ -789,7 +732,7 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
     void *ws = NULL;
     if (a.n_splits > 1) {
         const size_t rows = (size_t)bh * p->Sq * a.n_splits;
-        if ((err = workspace_get(device, stream, FS_COUNTER_BYTES + rows * (D + 1) * sizeof(float), &ws)) != cudaSuccess)
+        if ((err = fs_workspace_get(device, stream, FS_COUNTER_BYTES + rows * (D + 1) * sizeof(float), &ws)) != cudaSuccess)
             return err;
         a.counters = (int *)ws;
         a.o_part = (float *)((char *)ws + FS_COUNTER_BYTES);
@@ -798,7 +741,7 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
     void *args[] = {&a};
     err = fs_launch(&handle, device, (unsigned)(blocks * a.n_splits), THREADS, smem, stream, args);
     if (ws) {
-        cudaError_t rerr = workspace_release(stream, ws);
+        cudaError_t rerr = fs_workspace_release(stream, ws);
         if (err == cudaSuccess) err = rerr;
     }
     return err;

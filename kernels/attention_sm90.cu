@@ -65,6 +65,7 @@
 #include "attention_seq.cuh"
 #include "launch.cuh"
 #include "tma.cuh"
+#include "workspace.h"
 
 /* ---- tile configuration, one place: per (D, Bc), consumer warpgroups (Br = 64 NWG) and K/V ring stages.
  * D = 64 takes Bc = 192 on long non-causal key ranges that waste little of a last 192-key tile
@@ -81,14 +82,15 @@ static_assert((int)fs_sm90_tile<64, 192>::NWG == (int)fs_sm90_tile<64, 128>::NWG
               "one Br for every tile shape: fs_attention_sm90_covers counts query tiles with it");
 
 #define FS_SM90_T5_MAX 2048 /* T5 bias entries per consumer warpgroup (FEAT) */
+#define FS_SM90_WORK_BYTES 64 /* the work item the producer hands to the consumers (sm90_work) */
 
 /* shared memory: Q tile, K ring, V ring, an O staging tile per consumer warpgroup (1024-byte aligned), the
- * mbarriers, with the protein options (FEAT) a T5 table per consumer warpgroup and the T5 bucket of every
+ * mbarriers, the current work item, with the protein options (FEAT) a T5 table per consumer warpgroup and the T5 bucket of every
  * relative position; plus 1 KiB alignment slack */
 template <int D, int BC, bool FEAT> constexpr int sm90_smem()
 {
     using t = fs_sm90_tile<D, BC>;
-    return (2 * 64 * t::NWG + 2 * t::STAGES * BC) * D * 2 + (2 + 4 * t::STAGES) * 8 +
+    return (2 * 64 * t::NWG + 2 * t::STAGES * BC) * D * 2 + (2 + 4 * t::STAGES) * 8 + FS_SM90_WORK_BYTES +
            (FEAT ? (t::NWG * 4 + 2) * FS_SM90_T5_MAX : 0) + 1024;
 }
 
@@ -96,6 +98,8 @@ typedef struct {
     fs_attn_params p;
     float scale_log2; /* scale * log2(e) */
     int n_qtiles, items;
+    int *claims; /* NULL: block b takes items b, b + grid, ...; else [next, blocks done], zero between launches:
+                    after its first item a block claims the next unclaimed one */
     int t5_lneg, t5_n; /* FEAT, T5: bias of relative positions -t5_lneg .. t5_n - 1 - t5_lneg (fs_t5_span) */
 } fs_sm90_args;
 
@@ -104,11 +108,12 @@ typedef struct {
  * the tiles of one head adjacent (K/V shared in L2); causal: the heaviest tiles (last rows) of every head
  * first. FEAT: the sequence's rows start at qo / ko of the packed tensors (tb = 0 names their one batch) and
  * hold q_len / k_len rows; a packed item past its sequence is skipped, a padded one (seqlens) has no tiles
- * and writes zeros. */
+ * and writes zeros. n_kv = -1 marks the end of a block's items. */
 typedef struct {
     int b, h, q0, n_kv, tb, skip;
     fs_seq seq;
 } sm90_work;
+static_assert(sizeof(sm90_work) <= FS_SM90_WORK_BYTES, "the work item fits its shared-memory slot");
 template <bool FEAT> FS_DEV sm90_work sm90_item(const fs_sm90_args &a, int t, int br, int bc)
 {
     const fs_attn_params &p = a.p;
@@ -218,13 +223,16 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     constexpr int NWG = tile::NWG, STAGES = tile::STAGES;
     constexpr int BR = 64 * NWG, NS = BC / 8, NO = D / 8, HALVES = D / 64, ARRIVALS = 4 * NWG;
     extern __shared__ unsigned char smem_raw[];
-    /* TMA's 128-byte swizzle and the wgmma descriptors address 1024-byte atoms: align the base */
-    T *sQ = reinterpret_cast<T *>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+    /* TMA's 128-byte swizzle and the wgmma descriptors address 1024-byte atoms: align the base (through redux.sync,
+     * a uniform register: otherwise ptxas keeps it in an ordinary one and moves it over (R2UR) in the main loop) */
+    T *sQ = reinterpret_cast<T *>(smem_raw + __reduce_max_sync(0xffffffffu, (1024 - (smem_addr(smem_raw) & 1023)) & 1023));
     T *sK = sQ + BR * D, *sV = sK + STAGES * BC * D; /* stage s at s BC D; 64-column halves BC rows apart */
     T *sO = sV + STAGES * BC * D; /* 64 x D per consumer warpgroup */
     uint64_t *q_full = reinterpret_cast<uint64_t *>(sO + BR * D), *q_empty = q_full + 1;
     uint64_t *k_full = q_empty + 1, *k_empty = k_full + STAGES, *v_full = k_empty + STAGES, *v_empty = v_full + STAGES;
-    float *s_t5 = reinterpret_cast<float *>(v_empty + STAGES); /* FEAT: FS_SM90_T5_MAX per consumer warpgroup */
+    sm90_work *s_work = reinterpret_cast<sm90_work *>(v_empty + STAGES); /* written with Q, guarded by q_full / q_empty */
+    float *s_t5 = reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(s_work) + FS_SM90_WORK_BYTES); /* FEAT:
+                     FS_SM90_T5_MAX per consumer warpgroup */
     unsigned short *s_bucket = reinterpret_cast<unsigned short *>(s_t5 + NWG * FS_SM90_T5_MAX); /* FEAT, T5 */
     const fs_attn_params &p = a.p;
     const int wg = threadIdx.x >> 7;
@@ -256,19 +264,39 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 mbar_expect_tx(full, rows * D * 2);
                 for (int c = 0; c < HALVES; c++) tma_load_4d(tile + c * rows * 64, map, c * 64, row0, h, b, full);
             };
-            sm90_work next = sm90_item<FEAT>(a, blockIdx.x, BR, BC);
-            for (int t = blockIdx.x; t < a.items; t += gridDim.x) {
-                /* FEAT: the next item's sequence lengths load while this item's tiles are issued */
-                const sm90_work w = FEAT ? next : sm90_item<FEAT>(a, t, BR, BC);
-                if (FEAT && t + (int)gridDim.x < a.items) next = sm90_item<FEAT>(a, t + gridDim.x, BR, BC);
-                if (FEAT && w.n_kv == 0) continue; /* skipped, or no key to read: nothing loaded */
-                const int qrow = (int)w.seq.qo + w.q0, krow = (int)w.seq.ko;
-                load(sQ, &map_q, BR, qrow, w.tb, w.h, q_full, q_empty, q_phase ^ 1);
+            /* the block's first item is blockIdx.x, the next ones the following by stride or (claims) the next
+             * unclaimed ones, each claimed once the last one's loads are issued: causal items come heaviest first,
+             * so claiming on demand is longest-first list scheduling (static stride: up to 6% above the mean load) */
+            for (int t = blockIdx.x;; t = a.claims ? (int)gridDim.x + atomicAdd(a.claims, 1) : t + (int)gridDim.x) {
+                sm90_work w = sm90_work{};
+                w.n_kv = -1;
+                if (t < a.items) {
+                    w = sm90_item<FEAT>(a, t, BR, BC);
+                    if (FEAT && w.skip) continue; /* past its packed sequence: not handed over */
+                }
+                /* to the consumers with Q: once they have read the last item and done its last Q K^T */
+                mbar_wait(q_empty, q_phase ^ 1);
                 q_phase ^= 1;
+                *s_work = w;
+                if (w.n_kv <= 0) { /* the end, or no key to read (O = 0): nothing to load */
+                    mbar_arrive(q_full);
+                    if (w.n_kv < 0) break;
+                    continue;
+                }
+                const int qrow = (int)w.seq.qo + w.q0, krow = (int)w.seq.ko;
+                mbar_expect_tx(q_full, BR * D * 2);
+                for (int c = 0; c < HALVES; c++) tma_load_4d(sQ + c * BR * 64, &map_q, c * 64, qrow, w.h, w.tb, q_full);
                 for (int j = 0; j < w.n_kv; j++) {
                     load(sK + s * BC * D, &map_k, BC, krow + j * BC, w.tb, w.h, &k_full[s], &k_empty[s], phase ^ 1);
                     load(sV + s * BC * D, &map_v, BC, krow + j * BC, w.tb, w.h, &v_full[s], &v_empty[s], phase ^ 1);
                     if (++s == STAGES) { s = 0; phase ^= 1; }
+                }
+            }
+            if (a.claims) { /* the last block done leaves the counters at zero for the next launch */
+                __threadfence();
+                if (atomicAdd(a.claims + 1, 1) == (int)gridDim.x - 1) {
+                    a.claims[0] = 0;
+                    a.claims[1] = 0;
                 }
             }
         }
@@ -352,21 +380,22 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 }
             }
         };
-        sm90_work next = sm90_item<FEAT>(a, blockIdx.x, BR, BC);
-        for (int t = blockIdx.x; t < a.items; t += gridDim.x) {
-            const sm90_work w = FEAT ? next : sm90_item<FEAT>(a, t, BR, BC); /* FEAT: loaded during the last item */
-            if (FEAT && t + (int)gridDim.x < a.items) next = sm90_item<FEAT>(a, t + gridDim.x, BR, BC);
-            /* FEAT: skip and n_kv came from memory; redux.sync lands them in uniform registers, and an item with no
-             * key to visit leaves through its own branch (O = 0, l = 0) rather than the main loop sitting in a
-             * conditional: with both, ptxas keeps the ring's stage and phase and the wgmma descriptors built from
-             * them in the uniform datapath (as in the plain kernel) instead of 4-5 R2UR moves per wgmma */
-            if (FEAT && __reduce_max_sync(0xffffffffu, (unsigned)w.skip)) continue;
-            const int n_kv = FEAT ? (int)__reduce_max_sync(0xffffffffu, (unsigned)w.n_kv) : w.n_kv, k_len = w.seq.k_len;
+        for (;;) {
+            /* the item, handed over with Q. n_kv comes from shared memory: redux.sync lands it in a uniform
+             * register, and an item with no key to visit leaves through its own branch (O = 0, l = 0) rather than
+             * the main loop sitting in a conditional: with both, ptxas keeps the ring's stage and phase and the
+             * wgmma descriptors built from them in the uniform datapath instead of 4-5 R2UR moves per wgmma */
+            mbar_wait(q_full, q_phase);
+            q_phase ^= 1;
+            const sm90_work w = *s_work;
+            const int n_kv = __reduce_max_sync(0xffffffffu, w.n_kv), k_len = w.seq.k_len;
+            if (n_kv < 0) break;
             const int row0 = w.q0 + cw * 64 + warp * 16 + g; /* this thread's rows in its sequence: row0, row0 + 8 */
             float o[NO * 4], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f}, alpha[2];
 #pragma unroll
             for (int i = 0; i < NO * 4; i++) o[i] = 0.f;
             if (FEAT && n_kv == 0) {
+                if (lane == 0) mbar_arrive(q_empty);
                 finish(w, row0, o, m_i, l_i);
                 continue;
             }
@@ -381,8 +410,6 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             }
             { /* the item's K/V tiles */
                 uint32_t pk[NS][2];
-                mbar_wait(q_full, q_phase);
-                q_phase ^= 1;
 
                 /* tile 0: S_0, its softmax (O is still zero) */
                 {
@@ -473,6 +500,14 @@ static void sm90_extent(const fs_attn_params *p, int query_side, int *S, int *B)
     *B = p->cu_seqlens_q ? 1 : p->B;
 }
 
+/* Whether blocks claim their items as they go (a.claims) rather than by stride: where items differ in cost,
+ * causal ones (1 to Sk / Bc key tiles; by stride the busiest block gets 3-6% above the mean on the causal sweep)
+ * and packed sequences of mixed lengths. */
+static int sm90_claims(const fs_attn_params *p)
+{
+    return p->causal || p->cu_seqlens_q;
+}
+
 /* Launch one tile shape on a persistent grid (one block per SM, at most one per work item), or only describe it.
  * FEAT: the kernel with packed sequences, seqlens and the T5 bias. */
 template <int D, int BC, typename T, bool FEAT>
@@ -489,8 +524,9 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     a.t5_lneg = a.t5_n = 0;
     if (p->t5_table) fs_t5_span(p, &a.t5_lneg, &a.t5_n); /* <= FS_SM90_T5_MAX: fs_attention_sm90_covers */
     const long long items = (long long)p->B * p->H * a.n_qtiles;
-    if (items > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    if (items > 0x7fffffffLL - 2LL * sm_count) return cudaErrorInvalidConfiguration; /* claims count to items + grid */
     a.items = (int)items;
+    a.claims = NULL;
     const int grid = items < sm_count ? (int)items : sm_count;
     if (plan) {
         *plan = fs_sm80_plan{0, 1, BR, BC, THREADS, SMEM, a.n_qtiles, 1, 1, grid};
@@ -506,9 +542,17 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, p->H, nb, D, p->v_ss, p->v_sh, p->v_sb, BC);
     if (err == cudaSuccess) err = sm90_map(&mo, p->o, bf16, sq, p->H, nb, D, p->o_ss, p->o_sh, p->o_sb, 64);
     if (err == cudaSuccess) err = fs_kernel_prepare(kernel, &handle, SMEM, device);
+    void *ws = NULL;
+    if (err == cudaSuccess && sm90_claims(p) && (err = fs_workspace_get(device, stream, FS_COUNTER_BYTES, &ws)) == cudaSuccess)
+        a.claims = static_cast<int *>(ws);
     if (err != cudaSuccess) return err;
     void *args[] = {&mq, &mk, &mv, &mo, &a};
-    return fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
+    err = fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
+    if (ws) {
+        cudaError_t rerr = fs_workspace_release(stream, ws);
+        if (err == cudaSuccess) err = rerr;
+    }
+    return err;
 }
 
 /* Bc = 192 at D = 64: non-causal, with at most 1/16 of the last tile's keys past Sk (H200, S = 8192: 474 TF/s
