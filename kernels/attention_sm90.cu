@@ -82,7 +82,7 @@ static_assert((int)fs_sm90_tile<64, 192>::NWG == (int)fs_sm90_tile<64, 128>::NWG
               "one Br for every tile shape: fs_attention_sm90_covers counts query tiles with it");
 
 #define FS_SM90_T5_MAX 2048 /* T5 bias entries per consumer warpgroup (FEAT) */
-#define FS_SM90_WORK_BYTES 64 /* the work item the producer hands to the consumers (sm90_work) */
+#define FS_SM90_WORK_BYTES 128 /* the work item the producer hands to the consumers (sm90_work): staged, then read */
 
 /* shared memory: Q tile, K ring, V ring, an O staging tile per consumer warpgroup (1024-byte aligned), the
  * mbarriers, the current work item, with the protein options (FEAT) a T5 table per consumer warpgroup and the T5 bucket of every
@@ -113,7 +113,8 @@ typedef struct {
     int b, h, q0, n_kv, tb, skip;
     fs_seq seq;
 } sm90_work;
-static_assert(sizeof(sm90_work) <= FS_SM90_WORK_BYTES, "the work item fits its shared-memory slot");
+static_assert(2 * sizeof(sm90_work) <= FS_SM90_WORK_BYTES && sizeof(sm90_work) % 16 == 0,
+              "the work item fits its two shared-memory slots and is whole 16-byte chunks for the bulk copy");
 template <bool FEAT> FS_DEV sm90_work sm90_item(const fs_sm90_args &a, int t, int br, int bc)
 {
     const fs_attn_params &p = a.p;
@@ -230,7 +231,9 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     T *sO = sV + STAGES * BC * D; /* 64 x D per consumer warpgroup */
     uint64_t *q_full = reinterpret_cast<uint64_t *>(sO + BR * D), *q_empty = q_full + 1;
     uint64_t *k_full = q_empty + 1, *k_empty = k_full + STAGES, *v_full = k_empty + STAGES, *v_empty = v_full + STAGES;
-    sm90_work *s_work = reinterpret_cast<sm90_work *>(v_empty + STAGES); /* written with Q, guarded by q_full / q_empty */
+    /* the work item: the producer writes it to s_work_out, a bulk copy moves it to s_work with Q (completing on q_full);
+     * read by the consumers until they arrive on q_empty */
+    sm90_work *s_work = reinterpret_cast<sm90_work *>(v_empty + STAGES), *s_work_out = s_work + 1;
     float *s_t5 = reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(s_work) + FS_SM90_WORK_BYTES); /* FEAT:
                      FS_SM90_T5_MAX per consumer warpgroup */
     unsigned short *s_bucket = reinterpret_cast<unsigned short *>(s_t5 + NWG * FS_SM90_T5_MAX); /* FEAT, T5 */
@@ -274,17 +277,18 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                     w = sm90_item<FEAT>(a, t, BR, BC);
                     if (FEAT && w.skip) continue; /* past its packed sequence: not handed over */
                 }
-                /* to the consumers with Q: once they have read the last item and done its last Q K^T */
+                /* to the consumers with Q, once they have read the last item and done its last Q K^T. The item goes
+                 * by the async proxy, as Q does: stores by this thread read by the consumers after an mbarrier wait
+                 * are correct too, but compute-sanitizer's racecheck does not follow mbarriers and reports them */
                 mbar_wait(q_empty, q_phase ^ 1);
                 q_phase ^= 1;
-                *s_work = w;
-                if (w.n_kv <= 0) { /* the end, or no key to read (O = 0): nothing to load */
-                    mbar_arrive(q_full);
-                    if (w.n_kv < 0) break;
-                    continue;
-                }
+                *s_work_out = w;
+                fence_proxy_async();
+                mbar_expect_tx(q_full, sizeof(sm90_work) + (w.n_kv > 0 ? BR * D * 2 : 0));
+                bulk_copy_smem(s_work, s_work_out, sizeof(sm90_work), q_full);
+                if (w.n_kv < 0) break;
+                if (w.n_kv == 0) continue; /* no key to read (O = 0): nothing to load */
                 const int qrow = (int)w.seq.qo + w.q0, krow = (int)w.seq.ko;
-                mbar_expect_tx(q_full, BR * D * 2);
                 for (int c = 0; c < HALVES; c++) tma_load_4d(sQ + c * BR * 64, &map_q, c * 64, qrow, w.h, w.tb, q_full);
                 for (int j = 0; j < w.n_kv; j++) {
                     load(sK + s * BC * D, &map_k, BC, krow + j * BC, w.tb, w.h, &k_full[s], &k_empty[s], phase ^ 1);
