@@ -82,7 +82,7 @@ static_assert((int)fs_sm90_tile<64, 192>::NWG == (int)fs_sm90_tile<64, 128>::NWG
               "one Br for every tile shape: fs_attention_sm90_covers counts query tiles with it");
 
 #define FS_SM90_T5_MAX 2048 /* T5 bias entries per consumer warpgroup (FEAT) */
-#define FS_SM90_WORK_BYTES 128 /* the work item the producer hands to the consumers (sm90_work): staged, then read */
+#define FS_SM90_WORK_BYTES 64 /* the work item the producer hands to the consumers (sm90_work) */
 
 /* shared memory: Q tile, K ring, V ring, an O staging tile per consumer warpgroup (1024-byte aligned), the
  * mbarriers, the current work item, with the protein options (FEAT) a T5 table per consumer warpgroup and the T5 bucket of every
@@ -113,8 +113,7 @@ typedef struct {
     int b, h, q0, n_kv, tb, skip;
     fs_seq seq;
 } sm90_work;
-static_assert(2 * sizeof(sm90_work) <= FS_SM90_WORK_BYTES && sizeof(sm90_work) % 16 == 0,
-              "the work item fits its two shared-memory slots and is whole 16-byte chunks for the bulk copy");
+static_assert(sizeof(sm90_work) <= FS_SM90_WORK_BYTES, "the work item fits its shared-memory slot");
 template <bool FEAT> FS_DEV sm90_work sm90_item(const fs_sm90_args &a, int t, int br, int bc)
 {
     const fs_attn_params &p = a.p;
@@ -202,6 +201,12 @@ FS_DEV void issue_turn_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(1
 template <int NWG> FS_DEV_T void issue_turn_pass(int cw) { asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (cw + 1) % NWG) : "memory"); }
 /* Named barrier 1 + NWG + cw: the 128 threads of consumer warpgroup cw alone. */
 template <int NWG> FS_DEV_T void warpgroup_sync(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + NWG + cw) : "memory"); }
+/* Named barriers 1 + 2 NWG (the work item is in its slot) and 2 + 2 NWG (the consumers have read it): the
+ * producer warp and the consumer warpgroups; one side arrives, the other waits. */
+template <int NWG> FS_DEV_T void item_sync(int which) { asm volatile("bar.sync %0, %1;\n" ::"r"(1 + 2 * NWG + which), "r"(32 + 128 * NWG) : "memory"); }
+template <int NWG> FS_DEV_T void item_arrive(int which) { asm volatile("bar.arrive %0, %1;\n" ::"r"(1 + 2 * NWG + which), "r"(32 + 128 * NWG) : "memory"); }
+#define SM90_ITEM_READY 0
+#define SM90_ITEM_READ 1
 
 /* P (fp32, accumulator layout) to the A fragments of P V: pk[n][r] holds columns 8n + 2 t4, + 1 of row g + 8r. */
 template <int NS, typename T> FS_DEV_T void sm90_pack_p(const float (&s)[NS * 4], uint32_t (&pk)[NS][2])
@@ -231,9 +236,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     T *sO = sV + STAGES * BC * D; /* 64 x D per consumer warpgroup */
     uint64_t *q_full = reinterpret_cast<uint64_t *>(sO + BR * D), *q_empty = q_full + 1;
     uint64_t *k_full = q_empty + 1, *k_empty = k_full + STAGES, *v_full = k_empty + STAGES, *v_empty = v_full + STAGES;
-    /* the work item: the producer writes it to s_work_out, a bulk copy moves it to s_work with Q (completing on q_full);
-     * read by the consumers until they arrive on q_empty */
-    sm90_work *s_work = reinterpret_cast<sm90_work *>(v_empty + STAGES), *s_work_out = s_work + 1;
+    sm90_work *s_work = reinterpret_cast<sm90_work *>(v_empty + STAGES); /* the current work item (item_sync) */
     float *s_t5 = reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(s_work) + FS_SM90_WORK_BYTES); /* FEAT:
                      FS_SM90_T5_MAX per consumer warpgroup */
     unsigned short *s_bucket = reinterpret_cast<unsigned short *>(s_t5 + NWG * FS_SM90_T5_MAX); /* FEAT, T5 */
@@ -255,9 +258,10 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             s_bucket[i] = (unsigned short)fs_t5_bucket(i - a.t5_lneg, p.t5_buckets, p.t5_max_distance, p.t5_bidirectional);
     __syncthreads();
 
-    if (wg == 0) { /* producer: one thread issues every TMA load */
+    if (wg == 0) { /* producer warp: lane 0 claims the items and issues every TMA load, the warp hands the items over */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-        if (threadIdx.x == 0) {
+        if (threadIdx.x < 32) {
+            const int lane = threadIdx.x;
             int s = 0, phase = 0, q_phase = 0;
             /* rows row0.. of (b, h) into a tile of `rows` rows once `empty` has completed the phase of the given
              * parity, completing on `full`: one box per 64-column half */
@@ -270,33 +274,35 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             /* the block's first item is blockIdx.x, the next ones the following by stride or (claims) the next
              * unclaimed ones, each claimed once the last one's loads are issued: causal items come heaviest first,
              * so claiming on demand is longest-first list scheduling (static stride: up to 6% above the mean load) */
-            for (int t = blockIdx.x;; t = a.claims ? (int)gridDim.x + atomicAdd(a.claims, 1) : t + (int)gridDim.x) {
+            bool first = true;
+            for (int t = blockIdx.x;;) {
                 sm90_work w = sm90_work{};
                 w.n_kv = -1;
-                if (t < a.items) {
-                    w = sm90_item<FEAT>(a, t, BR, BC);
-                    if (FEAT && w.skip) continue; /* past its packed sequence: not handed over */
+                if (t < a.items) w = sm90_item<FEAT>(a, t, BR, BC);
+                if (!(FEAT && t < a.items && w.skip)) { /* past its packed sequence: not handed over */
+                    /* into the slot once the consumers have read the last item; n_kv = -1: the end */
+                    if (!first) item_sync<NWG>(SM90_ITEM_READ);
+                    first = false;
+                    if (lane == 0) *s_work = w;
+                    __syncwarp();
+                    item_arrive<NWG>(SM90_ITEM_READY);
+                    if (w.n_kv < 0) break;
+                    if (lane == 0 && w.n_kv > 0) { /* Q once the last item's last Q K^T is done, then K and V */
+                        const int qrow = (int)w.seq.qo + w.q0, krow = (int)w.seq.ko;
+                        load(sQ, &map_q, BR, qrow, w.tb, w.h, q_full, q_empty, q_phase ^ 1);
+                        q_phase ^= 1;
+                        for (int j = 0; j < w.n_kv; j++) {
+                            load(sK + s * BC * D, &map_k, BC, krow + j * BC, w.tb, w.h, &k_full[s], &k_empty[s], phase ^ 1);
+                            load(sV + s * BC * D, &map_v, BC, krow + j * BC, w.tb, w.h, &v_full[s], &v_empty[s], phase ^ 1);
+                            if (++s == STAGES) { s = 0; phase ^= 1; }
+                        }
+                    }
                 }
-                /* to the consumers with Q, once they have read the last item and done its last Q K^T. The item goes
-                 * by the async proxy, as Q does: stores by this thread read by the consumers after an mbarrier wait
-                 * are correct too, but compute-sanitizer's racecheck does not follow mbarriers and reports them */
-                mbar_wait(q_empty, q_phase ^ 1);
-                q_phase ^= 1;
-                *s_work_out = w;
-                fence_proxy_async();
-                mbar_expect_tx(q_full, sizeof(sm90_work) + (w.n_kv > 0 ? BR * D * 2 : 0));
-                bulk_copy_smem(s_work, s_work_out, sizeof(sm90_work), q_full);
-                if (w.n_kv < 0) break;
-                if (w.n_kv == 0) continue; /* no key to read (O = 0): nothing to load */
-                const int qrow = (int)w.seq.qo + w.q0, krow = (int)w.seq.ko;
-                for (int c = 0; c < HALVES; c++) tma_load_4d(sQ + c * BR * 64, &map_q, c * 64, qrow, w.h, w.tb, q_full);
-                for (int j = 0; j < w.n_kv; j++) {
-                    load(sK + s * BC * D, &map_k, BC, krow + j * BC, w.tb, w.h, &k_full[s], &k_empty[s], phase ^ 1);
-                    load(sV + s * BC * D, &map_v, BC, krow + j * BC, w.tb, w.h, &v_full[s], &v_empty[s], phase ^ 1);
-                    if (++s == STAGES) { s = 0; phase ^= 1; }
-                }
+                int next = 0;
+                if (lane == 0) next = a.claims ? (int)gridDim.x + atomicAdd(a.claims, 1) : t + (int)gridDim.x;
+                t = __shfl_sync(0xffffffffu, next, 0);
             }
-            if (a.claims) { /* the last block done leaves the counters at zero for the next launch */
+            if (lane == 0 && a.claims) { /* the last block done leaves the counters at zero for the next launch */
                 __threadfence();
                 if (atomicAdd(a.claims + 1, 1) == (int)gridDim.x - 1) {
                     a.claims[0] = 0;
@@ -385,21 +391,20 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             }
         };
         for (;;) {
-            /* the item, handed over with Q. n_kv comes from shared memory: redux.sync lands it in a uniform
-             * register, and an item with no key to visit leaves through its own branch (O = 0, l = 0) rather than
-             * the main loop sitting in a conditional: with both, ptxas keeps the ring's stage and phase and the
-             * wgmma descriptors built from them in the uniform datapath instead of 4-5 R2UR moves per wgmma */
-            mbar_wait(q_full, q_phase);
-            q_phase ^= 1;
+            /* the item from the producer. n_kv comes from shared memory: redux.sync lands it in a uniform register,
+             * and an item with no key to visit leaves through its own branch (O = 0, l = 0) rather than the main
+             * loop sitting in a conditional: with both, ptxas keeps the ring's stage and phase and the wgmma
+             * descriptors built from them in the uniform datapath instead of 4-5 R2UR moves per wgmma */
+            item_sync<NWG>(SM90_ITEM_READY);
             const sm90_work w = *s_work;
             const int n_kv = __reduce_max_sync(0xffffffffu, w.n_kv), k_len = w.seq.k_len;
             if (n_kv < 0) break;
+            item_arrive<NWG>(SM90_ITEM_READ);
             const int row0 = w.q0 + cw * 64 + warp * 16 + g; /* this thread's rows in its sequence: row0, row0 + 8 */
             float o[NO * 4], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f}, alpha[2];
 #pragma unroll
             for (int i = 0; i < NO * 4; i++) o[i] = 0.f;
             if (FEAT && n_kv == 0) {
-                if (lane == 0) mbar_arrive(q_empty);
                 finish(w, row0, o, m_i, l_i);
                 continue;
             }
@@ -414,6 +419,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             }
             { /* the item's K/V tiles */
                 uint32_t pk[NS][2];
+                mbar_wait(q_full, q_phase);
+                q_phase ^= 1;
 
                 /* tile 0: S_0, its softmax (O is still zero) */
                 {

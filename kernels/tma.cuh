@@ -60,13 +60,6 @@ FS_DEV void tma_store_4d(const CUtensorMap *map, const void *src, int c0, int c1
     asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
                  ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src)) : "memory");
 }
-/* A bulk copy of bytes (a multiple of 16, both ends 16-byte aligned) within this CTA's shared memory, by the async
- * proxy like a TMA load, completing on bar (the source written by this thread needs fence_proxy_async first). */
-FS_DEV void bulk_copy_smem(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(smem_addr(dst)), "r"(smem_addr(src)), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
 FS_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /* Wait until this thread's bulk groups have read their shared memory (the buffer may be rewritten) ... */
 FS_DEV void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
