@@ -90,7 +90,7 @@ static_assert((int)fs_sm90_tile<64, 192>::NWG == (int)fs_sm90_tile<64, 128>::NWG
 template <int D, int BC, bool FEAT> constexpr int sm90_smem()
 {
     using t = fs_sm90_tile<D, BC>;
-    return (2 * 64 * t::NWG + 2 * t::STAGES * BC) * D * 2 + (2 + 4 * t::STAGES) * 8 + FS_SM90_WORK_BYTES +
+    return (2 * 64 * t::NWG + 2 * t::STAGES * BC) * D * 2 + (4 + 4 * t::STAGES) * 8 + FS_SM90_WORK_BYTES +
            (FEAT ? (t::NWG * 4 + 2) * FS_SM90_T5_MAX : 0) + 1024;
 }
 
@@ -201,12 +201,6 @@ FS_DEV void issue_turn_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(1
 template <int NWG> FS_DEV_T void issue_turn_pass(int cw) { asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (cw + 1) % NWG) : "memory"); }
 /* Named barrier 1 + NWG + cw: the 128 threads of consumer warpgroup cw alone. */
 template <int NWG> FS_DEV_T void warpgroup_sync(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + NWG + cw) : "memory"); }
-/* Named barriers 1 + 2 NWG (the work item is in its slot) and 2 + 2 NWG (the consumers have read it): the
- * producer warp and the consumer warpgroups; one side arrives, the other waits. */
-template <int NWG> FS_DEV_T void item_sync(int which) { asm volatile("bar.sync %0, %1;\n" ::"r"(1 + 2 * NWG + which), "r"(32 + 128 * NWG) : "memory"); }
-template <int NWG> FS_DEV_T void item_arrive(int which) { asm volatile("bar.arrive %0, %1;\n" ::"r"(1 + 2 * NWG + which), "r"(32 + 128 * NWG) : "memory"); }
-#define SM90_ITEM_READY 0
-#define SM90_ITEM_READ 1
 
 /* P (fp32, accumulator layout) to the A fragments of P V: pk[n][r] holds columns 8n + 2 t4, + 1 of row g + 8r. */
 template <int NS, typename T> FS_DEV_T void sm90_pack_p(const float (&s)[NS * 4], uint32_t (&pk)[NS][2])
@@ -236,7 +230,10 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     T *sO = sV + STAGES * BC * D; /* 64 x D per consumer warpgroup */
     uint64_t *q_full = reinterpret_cast<uint64_t *>(sO + BR * D), *q_empty = q_full + 1;
     uint64_t *k_full = q_empty + 1, *k_empty = k_full + STAGES, *v_full = k_empty + STAGES, *v_empty = v_full + STAGES;
-    sm90_work *s_work = reinterpret_cast<sm90_work *>(v_empty + STAGES); /* the current work item (item_sync) */
+    /* the current work item: written by the producer thread, which then arrives on item_full; every consumer thread
+     * arrives on item_read once it has read it (an arrive orders the arriving thread's own accesses only) */
+    uint64_t *item_full = v_empty + STAGES, *item_read = item_full + 1;
+    sm90_work *s_work = reinterpret_cast<sm90_work *>(item_read + 1);
     float *s_t5 = reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(s_work) + FS_SM90_WORK_BYTES); /* FEAT:
                      FS_SM90_T5_MAX per consumer warpgroup */
     unsigned short *s_bucket = reinterpret_cast<unsigned short *>(s_t5 + NWG * FS_SM90_T5_MAX); /* FEAT, T5 */
@@ -245,6 +242,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     if (threadIdx.x == 0) {
         mbar_init(q_full, 1);
         mbar_init(q_empty, ARRIVALS); /* lane 0 of each consumer warp */
+        mbar_init(item_full, 1);
+        mbar_init(item_read, 128 * NWG);
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&k_full[s], 1);
             mbar_init(&k_empty[s], ARRIVALS);
@@ -258,11 +257,10 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             s_bucket[i] = (unsigned short)fs_t5_bucket(i - a.t5_lneg, p.t5_buckets, p.t5_max_distance, p.t5_bidirectional);
     __syncthreads();
 
-    if (wg == 0) { /* producer warp: lane 0 claims the items and issues every TMA load, the warp hands the items over */
+    if (wg == 0) { /* producer: one thread claims the items and issues every TMA load */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-        if (threadIdx.x < 32) {
-            const int lane = threadIdx.x;
-            int s = 0, phase = 0, q_phase = 0;
+        if (threadIdx.x == 0) {
+            int s = 0, phase = 0, q_phase = 0, item_phase = 0;
             /* rows row0.. of (b, h) into a tile of `rows` rows once `empty` has completed the phase of the given
              * parity, completing on `full`: one box per 64-column half */
             auto load = [&](T *tile, const CUtensorMap *map, int rows, int row0, int b, int h, uint64_t *full,
@@ -274,35 +272,31 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             /* the block's first item is blockIdx.x, the next ones the following by stride or (claims) the next
              * unclaimed ones, each claimed once the last one's loads are issued: causal items come heaviest first,
              * so claiming on demand is longest-first list scheduling (static stride: up to 6% above the mean load) */
-            bool first = true;
-            for (int t = blockIdx.x;;) {
+            for (int t = blockIdx.x;; t = a.claims ? (int)gridDim.x + atomicAdd(a.claims, 1) : t + (int)gridDim.x) {
                 sm90_work w = sm90_work{};
                 w.n_kv = -1;
-                if (t < a.items) w = sm90_item<FEAT>(a, t, BR, BC);
-                if (!(FEAT && t < a.items && w.skip)) { /* past its packed sequence: not handed over */
-                    /* into the slot once the consumers have read the last item; n_kv = -1: the end */
-                    if (!first) item_sync<NWG>(SM90_ITEM_READ);
-                    first = false;
-                    if (lane == 0) *s_work = w;
-                    __syncwarp();
-                    item_arrive<NWG>(SM90_ITEM_READY);
-                    if (w.n_kv < 0) break;
-                    if (lane == 0 && w.n_kv > 0) { /* Q once the last item's last Q K^T is done, then K and V */
-                        const int qrow = (int)w.seq.qo + w.q0, krow = (int)w.seq.ko;
-                        load(sQ, &map_q, BR, qrow, w.tb, w.h, q_full, q_empty, q_phase ^ 1);
-                        q_phase ^= 1;
-                        for (int j = 0; j < w.n_kv; j++) {
-                            load(sK + s * BC * D, &map_k, BC, krow + j * BC, w.tb, w.h, &k_full[s], &k_empty[s], phase ^ 1);
-                            load(sV + s * BC * D, &map_v, BC, krow + j * BC, w.tb, w.h, &v_full[s], &v_empty[s], phase ^ 1);
-                            if (++s == STAGES) { s = 0; phase ^= 1; }
-                        }
-                    }
+                if (t < a.items) {
+                    w = sm90_item<FEAT>(a, t, BR, BC);
+                    if (FEAT && w.skip) continue; /* past its packed sequence: not handed over */
                 }
-                int next = 0;
-                if (lane == 0) next = a.claims ? (int)gridDim.x + atomicAdd(a.claims, 1) : t + (int)gridDim.x;
-                t = __shfl_sync(0xffffffffu, next, 0);
+                /* into the slot once the consumers have read the last item; n_kv = -1: the end */
+                mbar_wait(item_read, item_phase ^ 1);
+                *s_work = w;
+                mbar_arrive(item_full);
+                item_phase ^= 1;
+                if (w.n_kv < 0) break;
+                if (w.n_kv == 0) continue; /* no key to read (O = 0): nothing to load */
+                /* Q once the last item's last Q K^T is done, then K and V */
+                const int qrow = (int)w.seq.qo + w.q0, krow = (int)w.seq.ko;
+                load(sQ, &map_q, BR, qrow, w.tb, w.h, q_full, q_empty, q_phase ^ 1);
+                q_phase ^= 1;
+                for (int j = 0; j < w.n_kv; j++) {
+                    load(sK + s * BC * D, &map_k, BC, krow + j * BC, w.tb, w.h, &k_full[s], &k_empty[s], phase ^ 1);
+                    load(sV + s * BC * D, &map_v, BC, krow + j * BC, w.tb, w.h, &v_full[s], &v_empty[s], phase ^ 1);
+                    if (++s == STAGES) { s = 0; phase ^= 1; }
+                }
             }
-            if (lane == 0 && a.claims) { /* the last block done leaves the counters at zero for the next launch */
+            if (a.claims) { /* the last block done leaves the counters at zero for the next launch */
                 __threadfence();
                 if (atomicAdd(a.claims + 1, 1) == (int)gridDim.x - 1) {
                     a.claims[0] = 0;
@@ -318,7 +312,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
         const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
         if (cw == NWG - 1) issue_turn_pass<NWG>(cw); /* the first warpgroup issues first */
         const uint32_t q_addr = smem_addr(sQ) + cw * 64 * 128, k_base = smem_addr(sK), v_base = smem_addr(sV);
-        int s = 0, phase = 0, q_phase = 0;
+        int s = 0, phase = 0, q_phase = 0, item_phase = 0;
         /* S = Q_i K^T on stage s (landed): D/16 k-steps, each 32 bytes further along a 128-byte row (next half at kk = 4) */
         auto issue_s = [&](float (&sc)[NS * 4]) {
             const uint32_t k_addr = k_base + s * BC * D * 2;
@@ -395,11 +389,12 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
              * and an item with no key to visit leaves through its own branch (O = 0, l = 0) rather than the main
              * loop sitting in a conditional: with both, ptxas keeps the ring's stage and phase and the wgmma
              * descriptors built from them in the uniform datapath instead of 4-5 R2UR moves per wgmma */
-            item_sync<NWG>(SM90_ITEM_READY);
+            mbar_wait(item_full, item_phase);
+            item_phase ^= 1;
             const sm90_work w = *s_work;
+            mbar_arrive(item_read);
             const int n_kv = __reduce_max_sync(0xffffffffu, w.n_kv), k_len = w.seq.k_len;
             if (n_kv < 0) break;
-            item_arrive<NWG>(SM90_ITEM_READ);
             const int row0 = w.q0 + cw * 64 + warp * 16 + g; /* this thread's rows in its sequence: row0, row0 + 8 */
             float o[NO * 4], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f}, alpha[2];
 #pragma unroll
