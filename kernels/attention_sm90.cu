@@ -92,8 +92,8 @@ static_assert((int)fs_sm90_tile<64, 192>::NWG == (int)fs_sm90_tile<64, 128>::NWG
 #define FS_SM90_WORK_BYTES 64 /* the work item the producer hands to the consumers (sm90_work) */
 
 /* shared memory: Q tile, K ring, V ring, an O staging tile per consumer warpgroup (1024-byte aligned), the
- * mbarriers, the current work item, with the protein options (FEAT) a T5 table per consumer warpgroup and the T5 bucket of every
- * relative position; plus 1 KiB alignment slack */
+ * mbarriers, the current work item, with the protein options (FEAT) a T5 table per consumer warpgroup and the T5
+ * bucket of every relative position; plus 1 KiB alignment slack */
 template <int D, int BC, bool FEAT> constexpr int sm90_smem()
 {
     using t = fs_sm90_tile<D, BC>;
