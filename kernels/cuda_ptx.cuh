@@ -44,6 +44,14 @@ FS_DEV float exp2_approx(float x)
     return y;
 }
 
+/* 1 / x on the special-function unit (relative error about 1 ulp; 1 / inf = 0). */
+FS_DEV float rcp_approx(float x)
+{
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* A packed pair of T widened to two floats. */
 template <typename T> FS_DEV_T float2 unpack2(uint32_t w);
 template <> FS_DEV_T float2 unpack2<__half>(uint32_t w) { return __half22float2(*reinterpret_cast<__half2 *>(&w)); }

@@ -57,11 +57,11 @@
 #define THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
 #define SMEM_MAX 232448 /* shared memory a Hopper block may opt in to (227 KiB) */
 /* Per tile width BN: the output staging tiles (64 x OUT_BN per consumer warpgroup; TMA: only for whole 64-column
- * boxes), the per-warpgroup double-buffered bias and alignment slack, then as many ring stages (X and W tiles,
+ * boxes), the per-warpgroup double-buffered bias, the staging tiles' full / empty barriers and alignment slack, then as many ring stages (X and W tiles,
  * full and empty barriers) as fit, at most 6: BN = 256 takes 3, 192 takes 4, 160 6, 128 5 (SwiGLU 6). */
 template <int BN, bool SWIGLU> struct fs_gemm90_tile {
     enum { OUT_BN = SWIGLU ? BN / 2 : BN, TMA = OUT_BN % 64 == 0,
-           FIXED = TMA * 2 * 64 * OUT_BN * 2 + 2 * 2 * BN * 4 + 1024,
+           FIXED = TMA * 2 * 64 * OUT_BN * 2 + 2 * 2 * BN * 4 + 4 * 8 + 1024,
            STAGE_BYTES = (BM + BN) * BK * 2 + 16,
            STAGES = (SMEM_MAX - FIXED) / STAGE_BYTES < 6 ? (SMEM_MAX - FIXED) / STAGE_BYTES : 6,
            SMEM = STAGES * STAGE_BYTES + FIXED };
@@ -71,11 +71,14 @@ typedef struct {
     fs_gemm_params p;
     int tiles_m, tiles_n, tiles;
     int tma_store; /* the output goes out through shared memory and TMA (same dtype as x, 16-byte aligned rows) */
+    int act_warps; /* with tma_store: the producer warpgroup's warps 1-3 apply the activation in the staging tiles */
 } fs_gemm90_args;
 
 #ifdef FS_WGMMA
 /* Named barrier 1 + cw: the 128 threads of consumer warpgroup cw. */
 FS_DEV void warpgroup_sync(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory"); }
+/* Named barrier 3: the producer warpgroup's three activation warps. */
+FS_DEV void act_warps_sync() { asm volatile("bar.sync 3, 96;\n" ::: "memory"); }
 #endif
 
 
@@ -124,6 +127,27 @@ template <int NA, bool SWIGLU, typename T> struct stage90 {
     }
 };
 
+/* The activation applied in place to a staging tile (64 x OUT_BN values of T already holding x W^T + bias) by the
+ * three activation warps, thread i taking 16-byte chunks i, i + 96, ...; the order of the values does not matter,
+ * so the swizzle does not either. */
+template <int OUT_BN, typename T> struct activate_tile90 {
+    template <fs_activation ACT> FS_DEV void run(unsigned char *tile, int i)
+    {
+#pragma unroll 2
+        for (int c = i; c < 64 * OUT_BN / 8; c += 96) {
+            uint4 *chunk = reinterpret_cast<uint4 *>(tile) + c;
+            uint4 v = *chunk;
+            uint32_t *w = reinterpret_cast<uint32_t *>(&v);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float2 f = unpack2<T>(w[i]);
+                w[i] = pack2<T>(gemm_activate<ACT>(f.x), gemm_activate<ACT>(f.y));
+            }
+            *chunk = v;
+        }
+    }
+};
+
 template <int BN, typename T, bool SWIGLU>
 __global__ void __launch_bounds__(THREADS, 1)
 gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
@@ -137,12 +161,19 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
     T *sB = sA + STAGES * BM * BK, *sC = sB + STAGES * BN * BK; /* sC: a 64 x OUT_BN staging tile per consumer warpgroup */
     uint64_t *full = reinterpret_cast<uint64_t *>(sC + fs_gemm90_tile<BN, SWIGLU>::TMA * 2 * 64 * OUT_BN), *empty = full + STAGES;
     float *sBias = reinterpret_cast<float *>(empty + STAGES); /* [consumer warpgroup][tile parity][BN] */
+    /* with act_warps, per consumer warpgroup: its staging tile written (each of its threads arrives) / stored (each
+     * activation thread arrives, the one issuing the TMA store once the store has read the tile) */
+    uint64_t *staged = reinterpret_cast<uint64_t *>(sBias + 2 * 2 * BN), *stored = staged + 2;
     const fs_gemm_params &p = a.p;
     const int wg = threadIdx.x >> 7, nk = (p.K + BK - 1) / BK;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&full[s], 1);
             mbar_init(&empty[s], 8); /* lane 0 of each consumer warp */
+        }
+        for (int c = 0; c < 2; c++) {
+            mbar_init(&staged[c], 128);
+            mbar_init(&stored[c], 96);
         }
         mbar_init_fence();
     }
@@ -167,11 +198,39 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                     if (++s == STAGES) { s = 0; phase ^= 1; }
                 }
             }
+        } else if (fs_gemm90_tile<BN, SWIGLU>::TMA && !SWIGLU && a.act_warps && threadIdx.x >= 32) {
+            /* activation warps 1-3: for each tile and consumer warpgroup cw, once cw has staged x W^T + bias, apply
+             * the activation there and store the tile with TMA, while the consumers run the next tile's wgmmas */
+            const int i = threadIdx.x - 32;
+            int parity = 0;
+            for (int t = blockIdx.x; t < a.tiles; t += gridDim.x, parity ^= 1) {
+                int tm, tn;
+                gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
+                for (int cw = 0; cw < 2; cw++) {
+                    unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
+                    mbar_wait(&staged[cw], parity);
+                    switch (p.act) {
+                    case FS_ACT_GELU: activate_tile90<OUT_BN, T>::template run<FS_ACT_GELU>(tile, i); break;
+                    case FS_ACT_GELU_TANH: activate_tile90<OUT_BN, T>::template run<FS_ACT_GELU_TANH>(tile, i); break;
+                    default: activate_tile90<OUT_BN, T>::template run<FS_ACT_SILU>(tile, i); break;
+                    }
+                    fence_proxy_async();
+                    act_warps_sync();
+                    if (i == 0) {
+                        for (int b = 0; b < OUT_BN / 64; b++) tma_store_2d(&map_y, tile + b * 8192, tn * OUT_BN + 64 * b, tm * BM + cw * 64);
+                        bulk_commit();
+                        bulk_wait_read();
+                    }
+                    mbar_arrive(&stored[cw]);
+                }
+            }
+            if (i == 0) bulk_wait(); /* the last stores done before the block exits */
         }
     } else { /* consumers */
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
         const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
         int s = 0, phase = 0, tile_count = 0;
+        const bool act_warps = !SWIGLU && a.act_warps;
         for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
             int tm, tn;
             gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
@@ -206,7 +265,14 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             }
             wgmma_wait<0>();
             if (lane == 0) mbar_arrive(&empty[prev]);
-            if (fs_gemm90_tile<BN, SWIGLU>::TMA && a.tma_store) {
+            if (fs_gemm90_tile<BN, SWIGLU>::TMA && act_warps) {
+                /* the staging tile once the activation warps have stored the previous one; x W^T + bias into it, for
+                 * them to finish and store */
+                unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
+                mbar_wait(&stored[cw], tile_count & 1); /* parity 1 on the first tile: passes */
+                stage90<NA, false, T>::template run<FS_ACT_NONE>(acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile);
+                mbar_arrive(&staged[cw]);
+            } else if (fs_gemm90_tile<BN, SWIGLU>::TMA && a.tma_store) {
                 /* through the warpgroup's staging tile: once its previous TMA store has read it, fill it, make the
                  * writes visible to the async proxy, and one thread stores its boxes (waited on a tile later) */
                 unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
@@ -227,7 +293,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                 gemm_epilogue_dispatch<epilogue90<NA, false>>(p.act, p, acc, row0, col0, bias ? bias + 2 * t4 : nullptr);
             }
         }
-        if (fs_gemm90_tile<BN, SWIGLU>::TMA && a.tma_store && (threadIdx.x & 127) == 0)
+        if (fs_gemm90_tile<BN, SWIGLU>::TMA && a.tma_store && !act_warps && (threadIdx.x & 127) == 0)
             bulk_wait(); /* the last stores done before the block exits */
     }
 #endif
@@ -258,6 +324,8 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
     if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     a.tiles = (int)tiles;
     a.tma_store = p->out_dtype == p->dtype && fs_gemm90_tile<BN, SWIGLU>::TMA && (uintptr_t)p->y % 16 == 0 && p->ldy % 8 == 0;
+    /* ReLU costs one instruction per value: the consumers apply it; the others move to the producer warpgroup */
+    a.act_warps = a.tma_store && !SWIGLU && (p->act == FS_ACT_GELU || p->act == FS_ACT_GELU_TANH || p->act == FS_ACT_SILU);
     const int grid = tiles < sm_count ? (int)tiles : sm_count;
     if (plan) {
         *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN, SWIGLU>::STAGES, THREADS, SMEM, grid, tiles};
