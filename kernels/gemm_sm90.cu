@@ -45,6 +45,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "gemm_cuda.h"
 #include "gemm_epilogue.cuh"
@@ -71,6 +72,7 @@ typedef struct {
     fs_gemm_params p;
     int tiles_m, tiles_n, tiles;
     int tma_store; /* the output goes out through shared memory and TMA (same dtype as x, 16-byte aligned rows) */
+    int debug;
     int act_warps; /* with tma_store: the producer warpgroup's warps 1-3 apply the activation in the staging tiles */
 } fs_gemm90_args;
 
@@ -84,19 +86,25 @@ FS_DEV void act_warps_sync() { asm volatile("bar.sync 3, 96;\n" ::: "memory"); }
 
 /* Walk a consumer warpgroup's accumulators (NA per thread) as output column pairs: sink(h, j, v0, v1, u0, u1)
  * gets the pair at row + 8 h, column + 8 j of this thread, bias added (bias: the tile's BN bias values in
- * shared memory, NULL: none; SwiGLU: u0, u1 the up projection). Column chunks are fenced from each other so
- * the compiler cannot hoist every bias load above the first store (that would spill the accumulators). */
+ * shared memory, NULL: none; SwiGLU: u0, u1 the up projection). In chunks of CHUNK pairs, each chunk's bias loaded
+ * before its stores: the compiler cannot move a shared-memory load above a shared-memory store it might alias,
+ * so a load per pair between the stores serialised the epilogue on the load latency (2.4 us per 128 x 256 tile,
+ * measured); the chunks are fenced from each other so that not every bias load is hoisted (that would spill the
+ * accumulators). */
 template <int NA, bool SWIGLU, typename SINK> FS_DEV void epilogue_pairs90(const float (&acc)[NA], const float *bias, SINK sink)
 {
     constexpr int PAIRS = SWIGLU ? NA / 4 : NA / 2, CHUNK = 8; /* output column pairs per thread */
 #pragma unroll
     for (int c = 0; c < PAIRS; c += CHUNK) {
         asm volatile("" ::: "memory");
+        float2 b[CHUNK];
+#pragma unroll
+        for (int q = 0; q < CHUNK; q++)
+            b[q] = bias ? *reinterpret_cast<const float2 *>(bias + 8 * ((2 * (c + q)) / 4)) : make_float2(0.f, 0.f);
 #pragma unroll
         for (int q = c; q < c + CHUNK; q++) {
             const int i = 2 * q, j = i / 4, h = (i / 2) % 2;
-            const float2 b = bias ? *reinterpret_cast<const float2 *>(bias + 8 * j) : make_float2(0.f, 0.f);
-            sink(h, j, acc[i] + b.x, acc[i + 1] + b.y, SWIGLU ? acc[i + NA / 2] : 0.f, SWIGLU ? acc[i + NA / 2 + 1] : 0.f);
+            sink(h, j, acc[i] + b[q - c].x, acc[i + 1] + b[q - c].y, SWIGLU ? acc[i + NA / 2] : 0.f, SWIGLU ? acc[i + NA / 2 + 1] : 0.f);
         }
     }
 }
@@ -251,7 +259,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             for (int i = 0; i < NA; i++) acc[i] = 0.f;
             int prev = -1;
             for (int kt = 0; kt < nk; kt++) {
-                mbar_wait(&full[s], phase);
+                if (a.debug != 2) mbar_wait(&full[s], phase);
                 const uint32_t a_addr = smem_addr(sA + s * BM * BK) + cw * 64 * 128, b_addr = smem_addr(sB + s * BN * BK);
                 wgmma_fence();
 #pragma unroll
@@ -265,7 +273,9 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             }
             wgmma_wait<0>();
             if (lane == 0) mbar_arrive(&empty[prev]);
-            if (fs_gemm90_tile<BN, SWIGLU>::TMA && act_warps) {
+            if (a.debug == 1) {
+                asm volatile("" ::: "memory");
+            } else if (fs_gemm90_tile<BN, SWIGLU>::TMA && act_warps) {
                 /* the staging tile once the activation warps have stored the previous one; x W^T + bias into it, for
                  * them to finish and store */
                 unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
@@ -323,9 +333,10 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
     const long long tiles = (long long)a.tiles_m * a.tiles_n;
     if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     a.tiles = (int)tiles;
+    a.debug = getenv("FS_GEMM_DEBUG") ? atoi(getenv("FS_GEMM_DEBUG")) : 0;
     a.tma_store = p->out_dtype == p->dtype && fs_gemm90_tile<BN, SWIGLU>::TMA && (uintptr_t)p->y % 16 == 0 && p->ldy % 8 == 0;
     /* ReLU costs one instruction per value: the consumers apply it; the others move to the producer warpgroup */
-    a.act_warps = a.tma_store && !SWIGLU && (p->act == FS_ACT_GELU || p->act == FS_ACT_GELU_TANH || p->act == FS_ACT_SILU);
+    a.act_warps = a.debug != 1 && a.tma_store && !SWIGLU && (p->act == FS_ACT_GELU || p->act == FS_ACT_GELU_TANH || p->act == FS_ACT_SILU);
     const int grid = tiles < sm_count ? (int)tiles : sm_count;
     if (plan) {
         *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN, SWIGLU>::STAGES, THREADS, SMEM, grid, tiles};

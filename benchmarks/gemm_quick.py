@@ -1,0 +1,68 @@
+"""Quick GEMM timing while iterating on gemm_sm90 (the recorded comparison is python -m flashsci.bench --sets linear):
+flashsci.linear against torch on a few shapes, then a K sweep at M = 8192, N = 16384 whose straight-line fit
+time = rounds x (a + b K) splits each kernel's time into a per-tile cost a (prologue, epilogue, pipeline refill)
+and a per-K cost b (what found the serialised epilogue: a = 2.4 us against cuBLAS's 1.1, b 821 against 830 ns per
+64 of K). CUDA-graph replays taking turns, medians.
+    python benchmarks/gemm_quick.py [--dtype bfloat16] [--no-sweep]"""
+import argparse
+import math
+
+import torch
+
+import flashsci
+from flashsci.bench import graph_kernel_times_us
+
+F = torch.nn.functional
+SHAPES = [("qkv+bias", 8192, 2560, 7680, "bias"), ("fc1 gelu", 8192, 2560, 10240, "gelu"),
+          ("T5 wi", 8192, 1024, 16384, None), ("M=1024", 1024, 2560, 10240, None), ("M=256", 256, 2560, 10240, None)]
+SWEEP_K = [512, 1024, 2048, 4096]
+
+
+def inputs(m, k, n, dtype, sets):
+    return [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(n, k, device="cuda", dtype=dtype) / math.sqrt(k),
+             torch.randn(n, device="cuda", dtype=dtype)) for _ in range(sets)]
+
+
+def time_pair(m, k, n, mode, dtype):
+    sets = max(2, min(8, int(150e6 // (2 * (m * k + n * k + m * n)))))  # rotating sets beyond the 50 MB L2
+    act = "gelu" if mode == "gelu" else None
+    fns = {"fs": lambda x, w, b: flashsci.linear(x, w, b if mode else None, activation=act),
+           "torch": (lambda x, w, b: F.gelu(F.linear(x, w, b))) if mode == "gelu" else
+                    (lambda x, w, b: F.linear(x, w, b)) if mode else (lambda x, w, b: x @ w.T)}
+    t = graph_kernel_times_us(torch, fns, inputs(m, k, n, dtype, sets))
+    return t["fs"], t["torch"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--no-sweep", action="store_true")
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    import os
+    print("FS_GEMM_DEBUG", os.environ.get("FS_GEMM_DEBUG"))
+    print(f"{torch.cuda.get_device_name()}  {dtype}\n{'shape':>10} {'M':>6} {'K':>6} {'N':>6} {'fs us':>8} {'torch':>8} "
+          f"{'fs TF/s':>8} {'x torch':>8}")
+    for name, m, k, n, mode in SHAPES:
+        fs, th = time_pair(m, k, n, mode, dtype)
+        print(f"{name:>10} {m:6d} {k:6d} {n:6d} {fs:8.1f} {th:8.1f} {2 * m * n * k / fs / 1e6:8.1f} {th / fs:8.3f}")
+    if args.no_sweep:
+        return
+    m, n = 8192, 16384
+    plan = flashsci._flashsci._gemm_plan(m, n, 1024)
+    rounds = math.ceil(plan["tiles"] / plan["grid"])
+    rows = [(k, *time_pair(m, k, n, None, dtype)) for k in SWEEP_K]
+    for k, fs, th in rows:
+        print(f"{'sweep':>10} {m:6d} {k:6d} {n:6d} {fs:8.1f} {th:8.1f} {2 * m * n * k / fs / 1e6:8.1f} {th / fs:8.3f}")
+    for col, who in ((1, "flashsci"), (2, "torch")):
+        ks = [r[0] for r in rows]
+        ts = [r[col] for r in rows]
+        kbar, tbar = sum(ks) / len(ks), sum(ts) / len(ts)
+        b = sum((x - kbar) * (y - tbar) for x, y in zip(ks, ts)) / sum((x - kbar) ** 2 for x in ks)
+        a = tbar - b * kbar
+        print(f"fit {who}: {a:.1f} us + {b:.4f} us x K; per round of {rounds}: {a / rounds:.2f} us + "
+              f"{b * 64 / rounds * 1e3:.1f} ns per 64 of K")
+
+
+if __name__ == "__main__":
+    main()
