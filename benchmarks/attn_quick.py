@@ -1,6 +1,9 @@
 """Quick attention timing while iterating on a kernel (the full, recorded comparison is python -m flashsci.bench):
 flashsci against SDPA's cuDNN and flash backends on a few large configs, CUDA events, median of 20 after warm-up.
-    python benchmarks/attn_quick.py [--dtype bfloat16] [--head-dim 64]"""
+With --kv-sweep: a fixed set of query tiles (B, H, Sq = 8, 18, 1024) against Sk = 512 ... 4096 keys, and the
+straight-line fit time = rounds x (a + b Sk / 128): a is the cost per work item outside the key loop (Q load,
+first S and last P V alone, O store), b the cost per 128 keys (gemm_quick.py does the same for the GEMM).
+    python benchmarks/attn_quick.py [--dtype bfloat16] [--head-dim 64] [--kv-sweep]"""
 import argparse
 
 import torch
@@ -25,8 +28,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--head-dim", type=int, help="only the configs of this head dim")
+    ap.add_argument("--kv-sweep", action="store_true", help="the per-item / per-key-tile split instead")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
+    if args.kv_sweep:
+        return kv_sweep(dtype, args.head_dim or 64)
     print(f"{torch.cuda.get_device_name()}  {dtype}\n{'config':>26} {'fs us':>8} {'cudnn':>8} {'flash':>8} "
           f"{'fs TF/s':>8} {'x cudnn':>9} {'max diff':>9}")
     for b, h, s, d, causal in CONFIGS:
@@ -43,6 +49,28 @@ def main():
         tflops = 4 * b * h * s * s * d / (2 if causal else 1) / row[0] / 1e6
         print(f"{f'{b}x{h}x{s}x{d}' + (' causal' if causal else ''):>26} {row[0]:8.1f} {row[1]:8.1f} {row[2]:8.1f} "
               f"{tflops:8.1f} {row[1] / row[0]:9.3f} {diff:9.1e}")
+
+
+def kv_sweep(dtype, d, b=8, h=18, sq=1024):
+    """Time against Sk at a fixed item count; fit per-item and per-key-tile costs for flashsci and cuDNN."""
+    items = b * h * (sq // 128)
+    rounds = -(-items // torch.cuda.get_device_properties(0).multi_processor_count)
+    rows = []
+    for sk in (512, 1024, 2048, 4096):
+        q = torch.randn(b, h, sq, d, device="cuda", dtype=dtype)
+        k, v = (torch.randn(b, h, sk, d, device="cuda", dtype=dtype) for _ in range(2))
+        out = torch.empty_like(q)
+        fs = time_us(lambda: flashsci.attention(q, k, v, out=out))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            cu = time_us(lambda: F.scaled_dot_product_attention(q, k, v))
+        rows.append((sk, fs, cu))
+        print(f"{b}x{h}x{sq}x{d}, Sk {sk:5d}: flashsci {fs:8.1f} us, cuDNN {cu:8.1f} us, x cudnn {cu / fs:6.3f}")
+    for col, who in ((1, "flashsci"), (2, "cuDNN")):
+        xs, ts = [r[0] / 128 for r in rows], [r[col] for r in rows]
+        xbar, tbar = sum(xs) / len(xs), sum(ts) / len(ts)
+        slope = sum((x - xbar) * (t - tbar) for x, t in zip(xs, ts)) / sum((x - xbar) ** 2 for x in xs)
+        print(f"fit {who}: per item {(tbar - slope * xbar) / rounds:.2f} us + {slope / rounds * 1e3:.1f} ns per 128 keys "
+              f"({items} items, {rounds} rounds)")
 
 
 if __name__ == "__main__":
