@@ -39,8 +39,6 @@ def main():
     ap.add_argument("--no-sweep", action="store_true")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
-    import os
-    print("FS_GEMM_DEBUG", os.environ.get("FS_GEMM_DEBUG"))
     print(f"{torch.cuda.get_device_name()}  {dtype}\n{'shape':>10} {'M':>6} {'K':>6} {'N':>6} {'fs us':>8} {'torch':>8} "
           f"{'fs TF/s':>8} {'x torch':>8}")
     for name, m, k, n, mode in SHAPES:

@@ -47,14 +47,13 @@
  *   v3.4 each epilogue chunk loads its bias before its stores: the compiler cannot hoist a shared-memory load
  *       above a store it might alias, so a load per output pair serialised the epilogue (a K sweep put the cost
  *       per tile at 2.4 us against cuBLAS's 1.1 with the same per-K cost; 0 with the epilogue left out); now
- *       1.56 us                                                          0.96-1.02x torch at M = 8192 (T5 wi
- *       0.91 -> 1.01x); fc1 GELU 1.19x F.linear + F.gelu, 1.04x _addmm_activation; M = 256 / 1024 0.90 / 0.87x
+ *       1.6 us                                                           0.98-1.02x torch at M = 8192 (T5 wi
+ *       0.91 -> 1.02x); fc1 GELU 1.19x F.linear + F.gelu, 1.04x _addmm_activation; M = 256 / 1024 0.91 / 0.86x
  */
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "gemm_cuda.h"
 #include "gemm_epilogue.cuh"
@@ -81,7 +80,6 @@ typedef struct {
     fs_gemm_params p;
     int tiles_m, tiles_n, tiles;
     int tma_store; /* the output goes out through shared memory and TMA (same dtype as x, 16-byte aligned rows) */
-    int debug;
     int act_warps; /* with tma_store: the producer warpgroup's warps 1-3 apply the activation in the staging tiles */
 } fs_gemm90_args;
 
@@ -268,7 +266,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             for (int i = 0; i < NA; i++) acc[i] = 0.f;
             int prev = -1;
             for (int kt = 0; kt < nk; kt++) {
-                if (a.debug != 2) mbar_wait(&full[s], phase);
+                mbar_wait(&full[s], phase);
                 const uint32_t a_addr = smem_addr(sA + s * BM * BK) + cw * 64 * 128, b_addr = smem_addr(sB + s * BN * BK);
                 wgmma_fence();
 #pragma unroll
@@ -282,9 +280,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             }
             wgmma_wait<0>();
             if (lane == 0) mbar_arrive(&empty[prev]);
-            if (a.debug == 1) {
-                asm volatile("" ::: "memory");
-            } else if (fs_gemm90_tile<BN, SWIGLU>::TMA && act_warps) {
+            if (fs_gemm90_tile<BN, SWIGLU>::TMA && act_warps) {
                 /* the staging tile once the activation warps have stored the previous one; x W^T + bias into it, for
                  * them to finish and store */
                 unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
@@ -342,10 +338,9 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
     const long long tiles = (long long)a.tiles_m * a.tiles_n;
     if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     a.tiles = (int)tiles;
-    a.debug = getenv("FS_GEMM_DEBUG") ? atoi(getenv("FS_GEMM_DEBUG")) : 0;
     a.tma_store = p->out_dtype == p->dtype && fs_gemm90_tile<BN, SWIGLU>::TMA && (uintptr_t)p->y % 16 == 0 && p->ldy % 8 == 0;
     /* ReLU costs one instruction per value: the consumers apply it; the others move to the producer warpgroup */
-    a.act_warps = a.debug != 1 && a.tma_store && !SWIGLU && (p->act == FS_ACT_GELU || p->act == FS_ACT_GELU_TANH || p->act == FS_ACT_SILU);
+    a.act_warps = a.tma_store && !SWIGLU && (p->act == FS_ACT_GELU || p->act == FS_ACT_GELU_TANH || p->act == FS_ACT_SILU);
     const int grid = tiles < sm_count ? (int)tiles : sm_count;
     if (plan) {
         *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN, SWIGLU>::STAGES, THREADS, SMEM, grid, tiles};
