@@ -66,8 +66,9 @@
 #define THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
 #define SMEM_MAX 232448 /* shared memory a Hopper block may opt in to (227 KiB) */
 /* Per tile width BN: the output staging tiles (64 x OUT_BN per consumer warpgroup; TMA: only for whole 64-column
- * boxes), the per-warpgroup double-buffered bias, the staging tiles' full / empty barriers and alignment slack, then as many ring stages (X and W tiles,
- * full and empty barriers) as fit, at most 6: BN = 256 takes 3, 192 takes 4, 160 6, 128 5 (SwiGLU 6). */
+ * boxes), the per-warpgroup double-buffered bias, the staging tiles' full / empty barriers and alignment slack,
+ * then as many ring stages (X and W tiles, full and empty barriers) as fit, at most 6: BN = 256 takes 3, 192
+ * takes 4, 160 6, 128 5 (SwiGLU 6). */
 template <int BN, bool SWIGLU> struct fs_gemm90_tile {
     enum { OUT_BN = SWIGLU ? BN / 2 : BN, TMA = OUT_BN % 64 == 0,
            FIXED = TMA * 2 * 64 * OUT_BN * 2 + 2 * 2 * BN * 4 + 4 * 8 + 1024,
@@ -154,9 +155,9 @@ template <int OUT_BN, typename T> struct activate_tile90 {
             uint4 v = *chunk;
             uint32_t *w = reinterpret_cast<uint32_t *>(&v);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float2 f = unpack2<T>(w[i]);
-                w[i] = pack2<T>(gemm_activate<ACT>(f.x), gemm_activate<ACT>(f.y));
+            for (int k = 0; k < 4; k++) {
+                const float2 f = unpack2<T>(w[k]);
+                w[k] = pack2<T>(gemm_activate<ACT>(f.x), gemm_activate<ACT>(f.y));
             }
             *chunk = v;
         }
