@@ -164,6 +164,17 @@ template <int OUT_BN, typename T> struct activate_tile90 {
     }
 };
 
+/* A consumer warpgroup's staging tile (rows tm BM + 64 cw.., columns tn OUT_BN..) out to y, one TMA box per 64
+ * columns, in one bulk group of the calling thread. */
+#ifdef FS_WGMMA
+template <int OUT_BN>
+FS_DEV void store_staging90(const CUtensorMap *map_y, const unsigned char *tile, int tm, int tn, int cw)
+{
+    for (int b = 0; b < OUT_BN / 64; b++) tma_store_2d(map_y, tile + b * 8192, tn * OUT_BN + 64 * b, tm * BM + cw * 64);
+    bulk_commit();
+}
+#endif
+
 template <int BN, typename T, bool SWIGLU>
 __global__ void __launch_bounds__(THREADS, 1)
 gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
@@ -225,16 +236,11 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                 for (int cw = 0; cw < 2; cw++) {
                     unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
                     mbar_wait(&staged[cw], parity);
-                    switch (p.act) {
-                    case FS_ACT_GELU: activate_tile90<OUT_BN, T>::template run<FS_ACT_GELU>(tile, i); break;
-                    case FS_ACT_GELU_TANH: activate_tile90<OUT_BN, T>::template run<FS_ACT_GELU_TANH>(tile, i); break;
-                    default: activate_tile90<OUT_BN, T>::template run<FS_ACT_SILU>(tile, i); break;
-                    }
+                    gemm_epilogue_dispatch<activate_tile90<OUT_BN, T>>(p.act, tile, i);
                     fence_proxy_async();
                     act_warps_sync();
                     if (i == 0) {
-                        for (int b = 0; b < OUT_BN / 64; b++) tma_store_2d(&map_y, tile + b * 8192, tn * OUT_BN + 64 * b, tm * BM + cw * 64);
-                        bulk_commit();
+                        store_staging90<OUT_BN>(&map_y, tile, tm, tn, cw);
                         bulk_wait_read();
                     }
                     mbar_arrive(&stored[cw]);
@@ -299,10 +305,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                 else gemm_epilogue_dispatch<stage90<NA, false, T>>(p.act, acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile);
                 fence_proxy_async();
                 warpgroup_sync(cw);
-                if (leader) {
-                    for (int b = 0; b < OUT_BN / 64; b++) tma_store_2d(&map_y, tile + b * 8192, tn * OUT_BN + 64 * b, tm * BM + cw * 64);
-                    bulk_commit();
-                }
+                if (leader) store_staging90<OUT_BN>(&map_y, tile, tm, tn, cw);
             } else if (SWIGLU) {
                 epilogue90<NA, true>::template run<FS_ACT_SILU>(p, acc, row0, col0, nullptr);
             } else {
