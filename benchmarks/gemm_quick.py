@@ -3,7 +3,9 @@ flashsci.linear against torch on a few shapes, then a K sweep at M = 8192, N = 1
 time = rounds x (a + b K) splits each kernel's time into a per-tile cost a (prologue, epilogue, pipeline refill)
 and a per-K cost b (what found the serialised epilogue: a = 2.4 us against cuBLAS's 1.1, b 821 against 830 ns per
 64 of K). CUDA-graph replays taking turns, medians.
-    python benchmarks/gemm_quick.py [--dtype bfloat16] [--no-sweep]"""
+--small: the small-M shapes with every Hopper tile width forced in turn, and the names of the cuBLAS kernels torch runs
+there (their tile, cluster and split-K choices).
+    python benchmarks/gemm_quick.py [--dtype bfloat16] [--no-sweep] [--small]"""
 import argparse
 import math
 
@@ -16,6 +18,9 @@ F = torch.nn.functional
 SHAPES = [("qkv+bias", 8192, 2560, 7680, "bias"), ("fc1 gelu", 8192, 2560, 10240, "gelu"),
           ("T5 wi", 8192, 1024, 16384, None), ("M=1024", 1024, 2560, 10240, None), ("M=256", 256, 2560, 10240, None)]
 SWEEP_K = [512, 1024, 2048, 4096]
+SMALL = [(256, 2560, 10240), (512, 2560, 10240), (1024, 2560, 10240), (2048, 2560, 10240), (1024, 2560, 7680),
+         (1024, 10240, 2560), (1024, 2560, 2560)]
+TILES = ["auto", "sm90:128", "sm90:160", "sm90:192", "sm90:256"]
 
 
 def inputs(m, k, n, dtype, sets):
@@ -33,12 +38,46 @@ def time_pair(m, k, n, mode, dtype):
     return t["fs"], t["torch"]
 
 
+def cublas_kernels(m, k, n, dtype):
+    """Names of the CUDA kernels torch runs for x @ w.T (profiler)."""
+    x, w, _ = inputs(m, k, n, dtype, 1)[0]
+    for _ in range(3):
+        x @ w.T
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        x @ w.T
+        torch.cuda.synchronize()
+    return sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
+
+
+def small(dtype):
+    """Each small-M shape: torch and flashsci with every tile width, timed in turns."""
+    print(f"{'M':>6} {'K':>6} {'N':>6} {'torch':>8} " + " ".join(f"{t:>9}" for t in TILES))
+    for m, k, n in SMALL:
+        sets = max(2, min(8, int(150e6 // (2 * (m * k + n * k + m * n)))))
+        fns = {"torch": lambda x, w, b: x @ w.T}
+        for tile in TILES:
+            def fn(x, w, b, tile=tile):
+                flashsci._flashsci._set_gemm_kernel(tile)
+                return flashsci.linear(x, w)
+            fns[tile] = fn
+        t = graph_kernel_times_us(torch, fns, inputs(m, k, n, dtype, sets))
+        flashsci._flashsci._set_gemm_kernel("auto")
+        print(f"{m:6d} {k:6d} {n:6d} {t['torch']:8.1f} " + " ".join(f"{t[x]:9.1f}" for x in TILES) +
+              "   x torch: " + " ".join(f"{t['torch'] / t[x]:.3f}" for x in TILES), flush=True)
+    for m, k, n in SMALL[:4]:
+        print(f"cuBLAS {m}x{k}x{n}: {cublas_kernels(m, k, n, dtype)}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--small", action="store_true")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
+    if args.small:
+        return small(dtype)
     print(f"{torch.cuda.get_device_name()}  {dtype}\n{'shape':>10} {'M':>6} {'K':>6} {'N':>6} {'fs us':>8} {'torch':>8} "
           f"{'fs TF/s':>8} {'x torch':>8}")
     for name, m, k, n, mode in SHAPES:

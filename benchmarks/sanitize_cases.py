@@ -38,9 +38,16 @@ for kernel in ("auto", "sm80"):  # linear / swiglu: M, N, K tails, strided x row
         flashsci.linear(x, w, torch.randn(n, device=dev), **kw)
         flashsci.swiglu(x, torch.randn(2 * n, k_, device=dev, dtype=torch.bfloat16))
     flashsci.linear(torch.randn(2048, 256, device=dev, dtype=f16), torch.randn(2304, 256, device=dev, dtype=f16))  # 128x256 tiles
-    for n in (10240, 12288):  # 128x160 tiles (direct stores), 128x192
+    for n in (10240, 12288):  # 128x160 tiles (TMA stores in 32-column boxes), 128x192
         flashsci.linear(torch.randn(256, 256, device=dev, dtype=f16), torch.randn(n, 256, device=dev, dtype=f16),
                         torch.randn(n, device=dev, dtype=f16), activation="gelu")
+    torch.cuda.synchronize()
+for width in (128, 160, 192, 256):  # every Hopper tile width: staging + TMA, activation warps, swiglu, tails
+    flashsci._flashsci._set_gemm_kernel(f"sm90:{width}")
+    x = torch.randn(333, 200, device=dev, dtype=f16)
+    for act in ("relu", "gelu"):
+        flashsci.linear(x, torch.randn(392, 200, device=dev, dtype=f16), torch.randn(392, device=dev, dtype=f16), activation=act)
+    flashsci.swiglu(x, torch.randn(2 * 392, 200, device=dev, dtype=f16))
     torch.cuda.synchronize()
 flashsci._flashsci._set_gemm_kernel("auto")
 if ONLY == "linear":

@@ -120,5 +120,6 @@ PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device);   /* dict:
 int fs_gpu_gemm(const fs_gemm_params *p, int device, uintptr_t stream);
 PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int device);         /* dict: kernel, tiles, grid */
 extern int fs_gemm_force_sm80;                                           /* tests: skip the Hopper GEMM */
+extern int fs_gemm_force_bn;                                             /* tests: Hopper tile width, 0 = auto */
 
 #endif

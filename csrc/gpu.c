@@ -170,7 +170,7 @@ PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device)
     return attention_launch(p, device, 0, &plan) < 0 ? NULL : plan;
 }
 
-int fs_gemm_force_sm80;
+int fs_gemm_force_sm80, fs_gemm_force_bn;
 
 /* Launch a GEMM on device, or with plan non-NULL describe the launch as a dict in *plan. Hopper devices take
  * the sm_90a kernel when it was built (and tests have not forced the portable one). */
@@ -181,7 +181,7 @@ static int gemm_launch(const fs_gemm_params *p, int device, uintptr_t stream, Py
     if (launch_begin(device, "linear", &props, &prev) < 0) return -1;
     fs_gemm_plan pl;
     const int hopper = props.major == 9 && fs_gemm_sm90_built() && !fs_gemm_force_sm80;
-    cudaError_t err = hopper ? fs_gemm_sm90(p, device, props.sm_count, (cudaStream_t)stream, plan ? &pl : NULL)
+    cudaError_t err = hopper ? fs_gemm_sm90(p, device, props.sm_count, fs_gemm_force_bn, (cudaStream_t)stream, plan ? &pl : NULL)
                              : fs_gemm_sm80(p, device, (cudaStream_t)stream, plan ? &pl : NULL);
     fs_gpu_device_leave(prev, device);
     if (err != cudaSuccess) return cuda_fail(err, plan ? "linear launch plan" : "linear kernel launch");
@@ -224,7 +224,7 @@ void *fs_gpu_malloc_async(size_t b, uintptr_t s, int d) { (void)b; (void)s; (voi
 void fs_gpu_free_async(void *ptr, uintptr_t s, int d) { (void)ptr; (void)s; (void)d; }
 int fs_gpu_attention(const fs_attn_params *p, int d, uintptr_t s) { (void)p; (void)d; (void)s; return no_cuda(); }
 PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int d) { (void)p; (void)d; no_cuda(); return NULL; }
-int fs_gemm_force_sm80;
+int fs_gemm_force_sm80, fs_gemm_force_bn;
 int fs_gpu_gemm(const fs_gemm_params *p, int d, uintptr_t s) { (void)p; (void)d; (void)s; return no_cuda(); }
 PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int d) { (void)p; (void)d; no_cuda(); return NULL; }
 

@@ -107,15 +107,23 @@ static PyObject *gemm_plan(PyObject *module, PyObject *args, PyObject *kwargs)
     return fs_gpu_gemm_plan(&p, device);
 }
 
-/* _set_gemm_kernel('auto' | 'sm80'): tests run the portable GEMM on Hopper devices too. */
+/* _set_gemm_kernel('auto' | 'sm80' | 'sm90:BN'): tests run the portable GEMM on Hopper devices too, and tests and
+ * benchmarks run the Hopper GEMM with a given tile width (BN = 128, 160, 192 or 256). */
 static PyObject *set_gemm_kernel(PyObject *module, PyObject *arg)
 {
+    static const char *usage = "_set_gemm_kernel takes 'auto', 'sm80' or 'sm90:BN' with BN one of 128, 160, 192, 256";
+    int bn = 0, end = 0;
     (void)module;
-    if (!PyUnicode_Check(arg)) return PyErr_Format(PyExc_TypeError, "_set_gemm_kernel takes 'auto' or 'sm80'");
-    if (!PyUnicode_CompareWithASCIIString(arg, "sm80")) fs_gemm_force_sm80 = 1;
-    else if (!PyUnicode_CompareWithASCIIString(arg, "auto")) fs_gemm_force_sm80 = 0;
-    else return PyErr_Format(PyExc_ValueError, "_set_gemm_kernel takes 'auto' or 'sm80', got %R", arg);
-    Py_RETURN_NONE;
+    if (!PyUnicode_Check(arg)) return PyErr_Format(PyExc_TypeError, "%s", usage);
+    const char *s = PyUnicode_AsUTF8(arg);
+    if (!s) return NULL;
+    if (!strcmp(s, "auto") || !strcmp(s, "sm80") ||
+        (sscanf(s, "sm90:%d%n", &bn, &end) == 1 && !s[end] && (bn == 128 || bn == 160 || bn == 192 || bn == 256))) {
+        fs_gemm_force_sm80 = !strcmp(s, "sm80");
+        fs_gemm_force_bn = bn;
+        Py_RETURN_NONE;
+    }
+    return PyErr_Format(PyExc_ValueError, "%s, got %R", usage, arg);
 }
 
 /* build_info(): how this extension was built. */
@@ -150,7 +158,7 @@ static PyMethodDef module_methods[] = {
     {"build_info", build_info, METH_NOARGS, "How this extension was built."},
     {"_inspect", (PyCFunction)(void (*)(void))inspect_tensor, METH_FASTCALL, "What flashsci reads from an array object."},
     {"_gemm_plan", (PyCFunction)(void (*)(void))gemm_plan, METH_VARARGS | METH_KEYWORDS, "How a CUDA linear problem is launched."},
-    {"_set_gemm_kernel", set_gemm_kernel, METH_O, "Force the portable GEMM kernel ('sm80') or restore dispatch ('auto')."},
+    {"_set_gemm_kernel", set_gemm_kernel, METH_O, "Force the portable GEMM kernel ('sm80'), a Hopper tile width ('sm90:BN') or restore dispatch ('auto')."},
     {"_launch_plan", (PyCFunction)(void (*)(void))launch_plan, METH_VARARGS | METH_KEYWORDS, "How a CUDA attention problem is launched."},
     {NULL, NULL, 0, NULL},
 };

@@ -23,8 +23,10 @@ cudaError_t fs_gemm_sm80(const fs_gemm_params *p, int device, cudaStream_t strea
 /* Whether the Hopper GEMM (sm_90a: TMA, wgmma, warp specialisation) was built into this library. */
 int fs_gemm_sm90_built(void);
 
-/* Launch the Hopper GEMM on stream (device current, sm_count SMs), or with plan non-NULL describe it. */
-cudaError_t fs_gemm_sm90(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan);
+/* Launch the Hopper GEMM on stream (device current, sm_count SMs), or with plan non-NULL describe it; tile_n picks
+ * the tile width (128, 160, 192, 256; 0: by the problem's shape). */
+cudaError_t fs_gemm_sm90(const fs_gemm_params *p, int device, int sm_count, int tile_n, cudaStream_t stream,
+                         fs_gemm_plan *plan);
 
 #ifdef __cplusplus
 }

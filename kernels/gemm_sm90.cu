@@ -65,16 +65,18 @@
 #define BK 64
 #define THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
 #define SMEM_MAX 232448 /* shared memory a Hopper block may opt in to (227 KiB) */
-/* Per tile width BN: the output staging tiles (64 x OUT_BN per consumer warpgroup; TMA: only for whole 64-column
- * boxes), the per-warpgroup double-buffered bias, the staging tiles' full / empty barriers and alignment slack,
- * then as many ring stages (X and W tiles, full and empty barriers) as fit, at most 6: BN = 256 takes 3, 192
- * takes 4, 160 6, 128 5 (SwiGLU 6). */
+/* Per tile width BN: the output staging tiles (64 x OUT_BN per consumer warpgroup, stored by TMA in boxes of BOX
+ * columns: 64 with the 128-byte swizzle, or 32 with the 64-byte one where OUT_BN is no multiple of 64), the
+ * per-warpgroup double-buffered bias, the staging tiles' full / empty barriers and alignment slack, then as many
+ * ring stages (X and W tiles, full and empty barriers) as fit, at most 6: BN = 256 takes 3, 192 takes 4, 160 5,
+ * 128 5 (SwiGLU 3, 4, -, 6). */
 template <int BN, bool SWIGLU> struct fs_gemm90_tile {
-    enum { OUT_BN = SWIGLU ? BN / 2 : BN, TMA = OUT_BN % 64 == 0,
-           FIXED = TMA * 2 * 64 * OUT_BN * 2 + 2 * 2 * BN * 4 + 4 * 8 + 1024,
+    enum { OUT_BN = SWIGLU ? BN / 2 : BN, BOX = OUT_BN % 64 == 0 ? 64 : 32,
+           FIXED = 2 * 64 * OUT_BN * 2 + 2 * 2 * BN * 4 + 4 * 8 + 1024,
            STAGE_BYTES = (BM + BN) * BK * 2 + 16,
            STAGES = (SMEM_MAX - FIXED) / STAGE_BYTES < 6 ? (SMEM_MAX - FIXED) / STAGE_BYTES : 6,
            SMEM = STAGES * STAGE_BYTES + FIXED };
+    static_assert(OUT_BN % 32 == 0, "the staging tile is stored in boxes of 32 or 64 columns");
 };
 
 typedef struct {
@@ -129,16 +131,20 @@ template <int NA, bool SWIGLU> struct epilogue90 {
 };
 
 /* The same values written to a consumer warpgroup's staging tile for a TMA store: 64 rows x OUT_BN columns of T
- * in boxes of 64 columns, 128-byte rows with the 128-byte swizzle (16-byte chunk k of row r at k ^ (r % 8)).
- * This thread's rows are 16 warp + g (+ 8), so r % 8 = g and a warp's 4-byte stores hit 32 distinct banks. */
-template <int NA, bool SWIGLU, typename T> struct stage90 {
+ * in boxes of BOX columns, as TMA's swizzles lay them out: BOX = 64, 128-byte rows, 16-byte chunk k of row r at
+ * k ^ (r % 8); BOX = 32, 64-byte rows, chunk k at k ^ (r / 2 % 4). This thread's rows are 16 warp + g (+ 8), so
+ * either way a warp's 4-byte stores hit 32 distinct banks. */
+template <int NA, bool SWIGLU, typename T, int BOX> struct stage90 {
     template <fs_activation ACT>
     FS_DEV void run(const float (&acc)[NA], int warp, int g, int t4, const float *bias, unsigned char *tile)
     {
+        constexpr int CHUNKS = BOX / 8; /* 16-byte chunks per staging row */
+        const int swizzle = BOX == 64 ? g : g >> 1;
         epilogue_pairs90<NA, SWIGLU>(acc, bias, [&](int h, int j, float v0, float v1, float u0, float u1) {
             const float2 v = gemm_finish_pair<SWIGLU, ACT>(v0, v1, u0, u1);
             const int r = warp * 16 + g + 8 * h;
-            *reinterpret_cast<uint32_t *>(tile + (j / 8) * 8192 + r * 128 + (((j % 8) ^ g) << 4) + 4 * t4) = pack2<T>(v.x, v.y);
+            *reinterpret_cast<uint32_t *>(tile + (j / CHUNKS) * (64 * BOX * 2) + r * (BOX * 2) + (((j % CHUNKS) ^ swizzle) << 4) +
+                                          4 * t4) = pack2<T>(v.x, v.y);
         });
     }
 };
@@ -164,13 +170,13 @@ template <int OUT_BN, typename T> struct activate_tile90 {
     }
 };
 
-/* A consumer warpgroup's staging tile (rows tm BM + 64 cw.., columns tn OUT_BN..) out to y, one TMA box per 64
+/* A consumer warpgroup's staging tile (rows tm BM + 64 cw.., columns tn OUT_BN..) out to y, one TMA box per BOX
  * columns, in one bulk group of the calling thread. */
 #ifdef FS_WGMMA
-template <int OUT_BN>
+template <int OUT_BN, int BOX>
 FS_DEV void store_staging90(const CUtensorMap *map_y, const unsigned char *tile, int tm, int tn, int cw)
 {
-    for (int b = 0; b < OUT_BN / 64; b++) tma_store_2d(map_y, tile + b * 8192, tn * OUT_BN + 64 * b, tm * BM + cw * 64);
+    for (int b = 0; b < OUT_BN / BOX; b++) tma_store_2d(map_y, tile + b * (64 * BOX * 2), tn * OUT_BN + BOX * b, tm * BM + cw * 64);
     bulk_commit();
 }
 #endif
@@ -181,12 +187,13 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
           const __grid_constant__ CUtensorMap map_w2, const __grid_constant__ CUtensorMap map_y, const fs_gemm90_args a)
 {
 #ifdef FS_WGMMA
-    constexpr int STAGES = fs_gemm90_tile<BN, SWIGLU>::STAGES, OUT_BN = SWIGLU ? BN / 2 : BN, NA = BN / 2;
+    constexpr int STAGES = fs_gemm90_tile<BN, SWIGLU>::STAGES, OUT_BN = SWIGLU ? BN / 2 : BN, NA = BN / 2,
+                  BOX = fs_gemm90_tile<BN, SWIGLU>::BOX;
     extern __shared__ unsigned char smem_raw[];
     /* TMA's 128-byte swizzle and the wgmma descriptors address 1024-byte atoms: align the base */
     T *sA = reinterpret_cast<T *>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
     T *sB = sA + STAGES * BM * BK, *sC = sB + STAGES * BN * BK; /* sC: a 64 x OUT_BN staging tile per consumer warpgroup */
-    uint64_t *full = reinterpret_cast<uint64_t *>(sC + fs_gemm90_tile<BN, SWIGLU>::TMA * 2 * 64 * OUT_BN), *empty = full + STAGES;
+    uint64_t *full = reinterpret_cast<uint64_t *>(sC + 2 * 64 * OUT_BN), *empty = full + STAGES;
     float *sBias = reinterpret_cast<float *>(empty + STAGES); /* [consumer warpgroup][tile parity][BN] */
     /* with act_warps, per consumer warpgroup: its staging tile written (each of its threads arrives) / stored (each
      * activation thread arrives, the one issuing the TMA store once the store has read the tile) */
@@ -225,7 +232,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                     if (++s == STAGES) { s = 0; phase ^= 1; }
                 }
             }
-        } else if (fs_gemm90_tile<BN, SWIGLU>::TMA && !SWIGLU && a.act_warps && threadIdx.x >= 32) {
+        } else if (!SWIGLU && a.act_warps && threadIdx.x >= 32) {
             /* activation warps 1-3: for each tile and consumer warpgroup cw, once cw has staged x W^T + bias, apply
              * the activation there and store the tile with TMA, while the consumers run the next tile's wgmmas */
             const int i = threadIdx.x - 32;
@@ -240,7 +247,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                     fence_proxy_async();
                     act_warps_sync();
                     if (i == 0) {
-                        store_staging90<OUT_BN>(&map_y, tile, tm, tn, cw);
+                        store_staging90<OUT_BN, BOX>(&map_y, tile, tm, tn, cw);
                         bulk_wait_read();
                     }
                     mbar_arrive(&stored[cw]);
@@ -287,32 +294,32 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             }
             wgmma_wait<0>();
             if (lane == 0) mbar_arrive(&empty[prev]);
-            if (fs_gemm90_tile<BN, SWIGLU>::TMA && act_warps) {
+            if (act_warps) {
                 /* the staging tile once the activation warps have stored the previous one; x W^T + bias into it, for
                  * them to finish and store */
                 unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
                 mbar_wait(&stored[cw], tile_count & 1); /* parity 1 on the first tile: passes */
-                stage90<NA, false, T>::template run<FS_ACT_NONE>(acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile);
+                stage90<NA, false, T, BOX>::template run<FS_ACT_NONE>(acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile);
                 mbar_arrive(&staged[cw]);
-            } else if (fs_gemm90_tile<BN, SWIGLU>::TMA && a.tma_store) {
+            } else if (a.tma_store) {
                 /* through the warpgroup's staging tile: once its previous TMA store has read it, fill it, make the
                  * writes visible to the async proxy, and one thread stores its boxes (waited on a tile later) */
                 unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
                 const bool leader = (threadIdx.x & 127) == 0;
                 if (leader) bulk_wait_read();
                 warpgroup_sync(cw);
-                if (SWIGLU) stage90<NA, true, T>::template run<FS_ACT_SILU>(acc, warp, g, t4, nullptr, tile);
-                else gemm_epilogue_dispatch<stage90<NA, false, T>>(p.act, acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile);
+                if (SWIGLU) stage90<NA, true, T, BOX>::template run<FS_ACT_SILU>(acc, warp, g, t4, nullptr, tile);
+                else gemm_epilogue_dispatch<stage90<NA, false, T, BOX>>(p.act, acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile);
                 fence_proxy_async();
                 warpgroup_sync(cw);
-                if (leader) store_staging90<OUT_BN>(&map_y, tile, tm, tn, cw);
+                if (leader) store_staging90<OUT_BN, BOX>(&map_y, tile, tm, tn, cw);
             } else if (SWIGLU) {
                 epilogue90<NA, true>::template run<FS_ACT_SILU>(p, acc, row0, col0, nullptr);
             } else {
                 gemm_epilogue_dispatch<epilogue90<NA, false>>(p.act, p, acc, row0, col0, bias ? bias + 2 * t4 : nullptr);
             }
         }
-        if (fs_gemm90_tile<BN, SWIGLU>::TMA && a.tma_store && !act_warps && (threadIdx.x & 127) == 0)
+        if (a.tma_store && !act_warps && (threadIdx.x & 127) == 0)
             bulk_wait(); /* the last stores done before the block exits */
     }
 #endif
@@ -320,12 +327,13 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
 
 /* ---- host: tensor maps and launch ---- */
 
-/* A 2-D tensor map over rows x cols elements (row stride ld), read or written in boxes of box_rows x BK,
- * 128-byte swizzle. */
-static cudaError_t make_map(CUtensorMap *map, const void *base, fs_dtype dt, int rows, int cols, int64_t ld, int box_rows)
+/* A 2-D tensor map over rows x cols elements (row stride ld), read or written in boxes of box_rows x box_cols
+ * (64: 128-byte swizzle, 32: 64-byte swizzle). */
+static cudaError_t make_map(CUtensorMap *map, const void *base, fs_dtype dt, int rows, int cols, int64_t ld, int box_rows,
+                            int box_cols)
 {
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
-    const cuuint32_t box[2] = {BK, (cuuint32_t)box_rows};
+    const cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows};
     return fs_make_tensor_map(map, base, dt == FS_BF16, 2, dims, strides, box);
 }
 
@@ -342,7 +350,7 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
     const long long tiles = (long long)a.tiles_m * a.tiles_n;
     if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     a.tiles = (int)tiles;
-    a.tma_store = p->out_dtype == p->dtype && fs_gemm90_tile<BN, SWIGLU>::TMA && (uintptr_t)p->y % 16 == 0 && p->ldy % 8 == 0;
+    a.tma_store = p->out_dtype == p->dtype && (uintptr_t)p->y % 16 == 0 && p->ldy % 8 == 0;
     /* ReLU costs one instruction per value: the consumers apply it; the others move to the producer warpgroup */
     a.act_warps = a.tma_store && !SWIGLU && (p->act == FS_ACT_GELU || p->act == FS_ACT_GELU_TANH || p->act == FS_ACT_SILU);
     const int grid = tiles < sm_count ? (int)tiles : sm_count;
@@ -351,21 +359,25 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
         return cudaSuccess;
     }
     CUtensorMap mx, mw, mw2, my;
-    cudaError_t err = make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM);
-    if (err == cudaSuccess) err = make_map(&mw, p->w, p->dtype, p->N, p->K, p->ldw, BN / 2);
-    if (err == cudaSuccess) err = SWIGLU ? make_map(&mw2, p->w2, p->dtype, p->N, p->K, p->ldw2, BN / 2) : (mw2 = mw, cudaSuccess);
-    if (err == cudaSuccess) err = a.tma_store ? make_map(&my, p->y, p->dtype, p->M, p->N, p->ldy, 64) : (my = mx, cudaSuccess);
+    cudaError_t err = make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM, BK);
+    if (err == cudaSuccess) err = make_map(&mw, p->w, p->dtype, p->N, p->K, p->ldw, BN / 2, BK);
+    if (err == cudaSuccess) err = SWIGLU ? make_map(&mw2, p->w2, p->dtype, p->N, p->K, p->ldw2, BN / 2, BK) : (mw2 = mw, cudaSuccess);
+    if (err == cudaSuccess)
+        err = a.tma_store ? make_map(&my, p->y, p->dtype, p->M, p->N, p->ldy, 64, fs_gemm90_tile<BN, SWIGLU>::BOX) : (my = mx, cudaSuccess);
     if (err == cudaSuccess) err = fs_kernel_prepare(kernel, &handle, SMEM, device);
     if (err != cudaSuccess) return err;
     void *args[] = {&mx, &mw, &mw2, &my, &a};
     return fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
 }
 
-/* The tile width (256, 192, 160 or 128 W rows; SwiGLU not 160) with the least work per CTA: rounds of tiles over
- * the SMs times (BN + 64), the 64 standing for the per-tile cost of loading X; ties go to the wider tile. 160
- * (direct stores) fits M = 256, N = 10240 into 128 CTAs where 192 took 108. */
+/* The tile width (256, 192, 160 or 128 W rows; SwiGLU not 160) with the least time per CTA: rounds of tiles over
+ * the SMs times a tile's time, BN columns per K step of 64 plus a per-tile cost worth 512 such column-steps
+ * (H100, K = 2560: a round of 128 x BN tiles took 0.0285 us per column-step and about 1.5 us more; each round
+ * measured for every width at M = 256 ... 2048); ties go to the wider tile. tile_n, when nonzero, is taken
+ * instead (tests and benchmarks; SwiGLU ignores 160). */
 template <typename T, bool SWIGLU>
-static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan)
+static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_count, int tile_n, cudaStream_t stream,
+                                fs_gemm_plan *plan)
 {
     static const int widths[4] = {256, 192, 160, 128};
     int best = 0;
@@ -374,12 +386,14 @@ static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_coun
         if (SWIGLU && widths[i] == 160) continue;
         const int out_bn = SWIGLU ? widths[i] / 2 : widths[i];
         const long long tiles = (long long)((p->M + BM - 1) / BM) * ((p->N + out_bn - 1) / out_bn);
-        const long long cost = (tiles + sm_count - 1) / sm_count * (widths[i] + 64);
+        const long long cost = (tiles + sm_count - 1) / sm_count * ((long long)widths[i] * ((p->K + BK - 1) / BK) + 512);
         if (i == 0 || cost < best_cost) {
             best = i;
             best_cost = cost;
         }
     }
+    for (int i = 0; i < 4; i++)
+        if (tile_n == widths[i] && !(SWIGLU && tile_n == 160)) best = i;
     if (best == 2 && !SWIGLU) return launch<160, T, false>(p, device, sm_count, stream, plan);
     return best == 0 ? launch<256, T, SWIGLU>(p, device, sm_count, stream, plan)
          : best == 1 ? launch<192, T, SWIGLU>(p, device, sm_count, stream, plan)
@@ -395,11 +409,12 @@ extern "C" int fs_gemm_sm90_built(void)
 #endif
 }
 
-extern "C" cudaError_t fs_gemm_sm90(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan)
+extern "C" cudaError_t fs_gemm_sm90(const fs_gemm_params *p, int device, int sm_count, int tile_n, cudaStream_t stream,
+                                    fs_gemm_plan *plan)
 {
     if (p->dtype == FS_F16)
-        return p->swiglu ? launch_tiles<__half, true>(p, device, sm_count, stream, plan)
-                         : launch_tiles<__half, false>(p, device, sm_count, stream, plan);
-    return p->swiglu ? launch_tiles<__nv_bfloat16, true>(p, device, sm_count, stream, plan)
-                     : launch_tiles<__nv_bfloat16, false>(p, device, sm_count, stream, plan);
+        return p->swiglu ? launch_tiles<__half, true>(p, device, sm_count, tile_n, stream, plan)
+                         : launch_tiles<__half, false>(p, device, sm_count, tile_n, stream, plan);
+    return p->swiglu ? launch_tiles<__nv_bfloat16, true>(p, device, sm_count, tile_n, stream, plan)
+                     : launch_tiles<__nv_bfloat16, false>(p, device, sm_count, tile_n, stream, plan);
 }

@@ -80,7 +80,8 @@ static inline fs_encode_tiled_fn fs_encode_tiled(void)
 }
 
 /* A tensor map of rank dims (innermost first; strides of the outer dims in bytes) over fp16 / bf16 data, read
- * in boxes of box[] elements with the 128-byte swizzle; rows past the ends read as zeros. */
+ * in boxes of box[] elements swizzled by the box's row width (box[0] = 64: the 128-byte swizzle, 32: the 64-byte
+ * one); rows past the ends read as zeros. */
 static inline cudaError_t fs_make_tensor_map(CUtensorMap *map, const void *base, int bf16, int rank, const cuuint64_t *dims,
                                              const cuuint64_t *strides, const cuuint32_t *box)
 {
@@ -89,7 +90,7 @@ static inline cudaError_t fs_make_tensor_map(CUtensorMap *map, const void *base,
     if (!encode) return cudaErrorNotSupported;
     CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, (cuuint32_t)rank,
                         const_cast<void *>(base), dims, strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                        box[0] == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 

@@ -156,11 +156,30 @@ def test_dispatch_plan():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_160_wide_tiles(dtype, kernel):
-    """M <= 256 and N near 132 x 80: the 160-wide tile (direct stores), with tails in M, N and K."""
+    """M <= 256 and N near 132 x 80: the 160-wide tile (TMA stores in 32-column boxes), with tails in M, N and K."""
     if kernel == "auto" and torch.cuda.get_device_capability() == (9, 0):
         assert flashsci._flashsci._gemm_plan(200, 9592, 520)["BN"] == 160
     check(200, 520, 9592, act="gelu", dtype=dtype)
     check(256, 2560, 10240, bias=False, dtype=dtype, x_pad=8)
+
+
+@pytest.mark.parametrize("width", [128, 160, 192, 256])
+def test_hopper_tile_widths(width):
+    """Every Hopper tile width forced in turn (the staging tile's 64- and 32-column TMA boxes, the activation warps,
+    direct stores for other output dtypes and unaligned rows) on fuzzed shapes with tails in M, N and K."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper GEMM runs on sm_90 devices only")
+    flashsci._flashsci._set_gemm_kernel(f"sm90:{width}")
+    try:
+        assert flashsci._flashsci._gemm_plan(1000, 1000, 1000)["BN"] == width
+        rng = random.Random(width)
+        for _ in range(12):
+            m, k, n = rng.choice([1, 65, 200, 333, 1100]), 8 * rng.randint(1, 70), 8 * rng.randint(1, 70)
+            check(m, k, n, act=rng.choice(ACTS), bias=rng.random() < 0.6, dtype=rng.choice([torch.float16, torch.bfloat16]),
+                  out_dtype=rng.choice([None, None, torch.float32]), swiglu=rng.random() < 0.25, x_pad=rng.choice([0, 8]))
+        test_out_with_row_stride(200, "auto")
+    finally:
+        flashsci._flashsci._set_gemm_kernel("auto")
 
 
 def test_cuda_graph_capture():
