@@ -4,8 +4,9 @@ time = rounds x (a + b K) splits each kernel's time into a per-tile cost a (prol
 and a per-K cost b (what found the serialised epilogue: a = 2.4 us against cuBLAS's 1.1, b 821 against 830 ns per
 64 of K). CUDA-graph replays taking turns, medians.
 --small: the small-M shapes with every Hopper tile width forced in turn, and the names of the cuBLAS kernels torch runs
-there (their tile, cluster and split-K choices).
-    python benchmarks/gemm_quick.py [--dtype bfloat16] [--no-sweep] [--small]"""
+there (their tile, cluster and split-K choices). --epilogue: what the bias and each activation cost on a few shapes,
+flashsci's and cuBLAS's (matmul, F.linear with bias, _addmm_activation), timed in turns.
+    python benchmarks/gemm_quick.py [--dtype bfloat16] [--no-sweep] [--small | --epilogue]"""
 import argparse
 import math
 
@@ -21,6 +22,7 @@ SWEEP_K = [512, 1024, 2048, 4096]
 SMALL = [(256, 2560, 10240), (512, 2560, 10240), (1024, 2560, 10240), (2048, 2560, 10240), (1024, 2560, 7680),
          (1024, 10240, 2560), (1024, 2560, 2560)]
 TILES = ["auto", "sm90:128", "sm90:160", "sm90:192", "sm90:256"]
+EPILOGUE = [("T5 wi", 8192, 1024, 16384), ("qkv", 8192, 2560, 7680), ("M=256", 256, 2560, 10240), ("M=1024", 1024, 2560, 10240)]
 
 
 def inputs(m, k, n, dtype, sets):
@@ -69,15 +71,37 @@ def small(dtype):
         print(f"cuBLAS {m}x{k}x{n}: {cublas_kernels(m, k, n, dtype)}")
 
 
+def epilogue(dtype):
+    """flashsci and cuBLAS with no epilogue, a bias, bias + ReLU and bias + GELU on each shape, timed in turns."""
+    fns = {"fs plain": lambda x, w, b: flashsci.linear(x, w), "fs bias": lambda x, w, b: flashsci.linear(x, w, b),
+           "fs relu": lambda x, w, b: flashsci.linear(x, w, b, activation="relu"),
+           "fs gelu": lambda x, w, b: flashsci.linear(x, w, b, activation="gelu"),
+           "matmul": lambda x, w, b: x @ w.T, "F.linear": lambda x, w, b: F.linear(x, w, b),
+           "addmm relu": lambda x, w, b: torch._addmm_activation(b, x, w.T),
+           "addmm gelu": lambda x, w, b: torch._addmm_activation(b, x, w.T, use_gelu=True),
+           "F.gelu": lambda x, w, b: F.gelu(F.linear(x, w, b))}
+    print(f"{'shape':>8} " + " ".join(f"{name:>10}" for name in fns))
+    for name, m, k, n in EPILOGUE:
+        sets = max(2, min(8, int(150e6 // (2 * (m * k + n * k + m * n)))))
+        t = graph_kernel_times_us(torch, fns, inputs(m, k, n, dtype, sets))
+        print(f"{name:>8} " + " ".join(f"{t[f]:10.1f}" for f in fns), flush=True)
+        print(f"{'':>8} relu vs addmm {t['addmm relu'] / t['fs relu']:.3f}, gelu vs addmm {t['addmm gelu'] / t['fs gelu']:.3f}, "
+              f"vs F.gelu {t['F.gelu'] / t['fs gelu']:.3f}, bias vs F.linear {t['F.linear'] / t['fs bias']:.3f}, "
+              f"plain vs matmul {t['matmul'] / t['fs plain']:.3f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--small", action="store_true")
+    ap.add_argument("--epilogue", action="store_true")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     if args.small:
         return small(dtype)
+    if args.epilogue:
+        return epilogue(dtype)
     print(f"{torch.cuda.get_device_name()}  {dtype}\n{'shape':>10} {'M':>6} {'K':>6} {'N':>6} {'fs us':>8} {'torch':>8} "
           f"{'fs TF/s':>8} {'x torch':>8}")
     for name, m, k, n, mode in SHAPES:

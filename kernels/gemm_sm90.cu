@@ -352,8 +352,11 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
     a.tiles = (int)tiles;
     a.tma_store = p->out_dtype == p->dtype && (uintptr_t)p->y % 16 == 0 && p->ldy % 8 == 0;
     /* ReLU costs one instruction per value: the consumers apply it; the others move to the producer warpgroup */
-    a.act_warps = a.tma_store && !SWIGLU && (p->act == FS_ACT_GELU || p->act == FS_ACT_GELU_TANH || p->act == FS_ACT_SILU);
     const int grid = tiles < sm_count ? (int)tiles : sm_count;
+    /* with one tile per CTA there is no next tile to overlap, and the consumers' eight warps finish sooner than three
+     * (M = 256, N = 10240, GELU: 31.9 -> 29.6 us on an H100) */
+    a.act_warps = a.tma_store && !SWIGLU && tiles > grid &&
+                  (p->act == FS_ACT_GELU || p->act == FS_ACT_GELU_TANH || p->act == FS_ACT_SILU);
     if (plan) {
         *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN, SWIGLU>::STAGES, THREADS, SMEM, grid, tiles};
         return cudaSuccess;
