@@ -48,6 +48,9 @@ for width in (128, 160, 192, 256):  # every Hopper tile width: staging + TMA, ac
     for act in ("relu", "gelu"):
         flashsci.linear(x, torch.randn(392, 200, device=dev, dtype=f16), torch.randn(392, device=dev, dtype=f16), activation=act)
     flashsci.swiglu(x, torch.randn(2 * 392, 200, device=dev, dtype=f16))
+    # one K step per tile, many tiles per CTA: each bias buffer reused while the ring runs ahead
+    flashsci.linear(torch.randn(2000, 64, device=dev, dtype=f16), torch.randn(2048, 64, device=dev, dtype=f16),
+                    torch.randn(2048, device=dev), activation="gelu")
     torch.cuda.synchronize()
 flashsci._flashsci._set_gemm_kernel("auto")
 if ONLY == "linear":

@@ -49,6 +49,17 @@
  *       per tile at 2.4 us against cuBLAS's 1.1 with the same per-K cost; 0 with the epilogue left out); now
  *       1.6 us                                                           0.98-1.02x torch at M = 8192 (T5 wi
  *       0.91 -> 1.02x); fc1 GELU 1.19x F.linear + F.gelu, 1.04x _addmm_activation; M = 256 / 1024 0.91 / 0.86x
+ *   v3.5 (H100 from here) the 160-wide tile's direct stores cost ~4 us more per tile than a TMA store (a K fit over
+ *       one-round launches): it now stages too, in 32-column boxes with the 64-byte swizzle; the width is chosen by
+ *       rounds x (BN x K steps + 512), fitted to every width measured at M = 256 ... 2048; with one tile per CTA the
+ *       consumers apply the activation (31.9 -> 29.6 us, M = 256 GELU)   M = 256 0.90 -> 0.99x, M = 1024 0.83 -> 0.99x
+ *   v3.6 the bias comes with the tile's first K step (a bulk copy on that stage's full barrier) and is widened to
+ *       float after the main loop, instead of a global load the consumers waited on before it; the consumer
+ *       warpgroup index through redux.sync (the A descriptors and barrier addresses back in uniform registers, no
+ *       R2UR beside the wgmmas); tensor maps prefetched. Three builds alternated on the H100: with bias 1-5% faster
+ *       on every shape (T5 wi + ReLU 477 -> 467 us, M = 1024 + ReLU 93.4 -> 88.7), plain level or faster
+ *       Tried and dropped: the bias held in registers across the main loop (T5 wi plain +5%, bias +4%); a widened
+ *       reader of the raw bias in the epilogue (three LDS variants per pair: T5 wi plain +5%)
  */
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -67,12 +78,13 @@
 #define SMEM_MAX 232448 /* shared memory a Hopper block may opt in to (227 KiB) */
 /* Per tile width BN: the output staging tiles (64 x OUT_BN per consumer warpgroup, stored by TMA in boxes of BOX
  * columns: 64 with the 128-byte swizzle, or 32 with the 64-byte one where OUT_BN is no multiple of 64), the
- * per-warpgroup double-buffered bias, the staging tiles' full / empty barriers and alignment slack, then as many
+ * bias (two buffers of OUT_BN values as copied, of up to 4 bytes, and one of floats per consumer warpgroup), its and the
+ * staging tiles' barriers and alignment slack, then as many
  * ring stages (X and W tiles, full and empty barriers) as fit, at most 6: BN = 256 takes 3, 192 takes 4, 160 5,
  * 128 5 (SwiGLU 3, 4, -, 6). */
 template <int BN, bool SWIGLU> struct fs_gemm90_tile {
     enum { OUT_BN = SWIGLU ? BN / 2 : BN, BOX = OUT_BN % 64 == 0 ? 64 : 32,
-           FIXED = 2 * 64 * OUT_BN * 2 + 2 * 2 * BN * 4 + 4 * 8 + 1024,
+           FIXED = 2 * 64 * OUT_BN * 2 + 4 * OUT_BN * 4 + 6 * 8 + 1024,
            STAGE_BYTES = (BM + BN) * BK * 2 + 16,
            STAGES = (SMEM_MAX - FIXED) / STAGE_BYTES < 6 ? (SMEM_MAX - FIXED) / STAGE_BYTES : 6,
            SMEM = STAGES * STAGE_BYTES + FIXED };
@@ -95,8 +107,9 @@ FS_DEV void act_warps_sync() { asm volatile("bar.sync 3, 96;\n" ::: "memory"); }
 
 
 /* Walk a consumer warpgroup's accumulators (NA per thread) as output column pairs: sink(h, j, v0, v1, u0, u1)
- * gets the pair at row + 8 h, column + 8 j of this thread, bias added (bias: the tile's BN bias values in
- * shared memory, NULL: none; SwiGLU: u0, u1 the up projection). In chunks of CHUNK pairs, each chunk's bias loaded
+ * gets the pair at row + 8 h, column + 8 j of this thread, bias added (bias: the tile's OUT_BN bias values as
+ * float in shared memory from this thread's first column on, NULL: none; SwiGLU: u0, u1 the up projection). In
+ * chunks of CHUNK pairs, each chunk's bias loaded
  * before its stores: the compiler cannot move a shared-memory load above a shared-memory store it might alias,
  * so a load per pair between the stores serialised the epilogue on the load latency (2.4 us per 128 x 256 tile,
  * measured); the chunks are fenced from each other so that not every bias load is hoisted (that would spill the
@@ -193,11 +206,15 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
     /* TMA's 128-byte swizzle and the wgmma descriptors address 1024-byte atoms: align the base */
     T *sA = reinterpret_cast<T *>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
     T *sB = sA + STAGES * BM * BK, *sC = sB + STAGES * BN * BK; /* sC: a 64 x OUT_BN staging tile per consumer warpgroup */
-    uint64_t *full = reinterpret_cast<uint64_t *>(sC + 2 * 64 * OUT_BN), *empty = full + STAGES;
-    float *sBias = reinterpret_cast<float *>(empty + STAGES); /* [consumer warpgroup][tile parity][BN] */
+    /* a tile's bias: OUT_BN values of the bias dtype in the buffer of the tile's parity, copied by the producer with
+     * the tile's first K step (completing on that stage's full barrier) and released on bias_empty by every consumer
+     * thread once it has widened its share into its warpgroup's float buffer (sBiasF, [consumer warpgroup][OUT_BN]) */
+    unsigned char *sBias = reinterpret_cast<unsigned char *>(sC + 2 * 64 * OUT_BN);
+    float *sBiasF = reinterpret_cast<float *>(sBias + 2 * OUT_BN * 4);
+    uint64_t *full = reinterpret_cast<uint64_t *>(sBiasF + 2 * OUT_BN), *empty = full + STAGES, *bias_empty = empty + STAGES;
     /* with act_warps, per consumer warpgroup: its staging tile written (each of its threads arrives) / stored (each
      * activation thread arrives, the one issuing the TMA store once the store has read the tile) */
-    uint64_t *staged = reinterpret_cast<uint64_t *>(sBias + 2 * 2 * BN), *stored = staged + 2;
+    uint64_t *staged = bias_empty + 2, *stored = staged + 2;
     const fs_gemm_params &p = a.p;
     const int wg = threadIdx.x >> 7, nk = (p.K + BK - 1) / BK;
     if (threadIdx.x == 0) {
@@ -206,6 +223,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             mbar_init(&empty[s], 8); /* lane 0 of each consumer warp */
         }
         for (int c = 0; c < 2; c++) {
+            mbar_init(&bias_empty[c], 256);
             mbar_init(&staged[c], 128);
             mbar_init(&stored[c], 96);
         }
@@ -216,19 +234,30 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
     if (wg == 0) { /* producer: one thread issues every TMA load */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0) {
-            int s = 0, phase = 0;
-            for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
+            tma_prefetch_map(&map_x);
+            tma_prefetch_map(&map_w);
+            tma_prefetch_map(&map_w2);
+            tma_prefetch_map(&map_y);
+            int s = 0, phase = 0, i = 0;
+            const int bias_size = p.bias_dtype == FS_F32 ? 4 : 2;
+            for (int t = blockIdx.x; t < a.tiles; t += gridDim.x, i++) {
                 int tm, tn;
                 gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
                 /* the W tile in two boxes of BN / 2 rows (SwiGLU: the gate rows, then the same rows of the up weight) */
                 const CUtensorMap *wmap1 = SWIGLU ? &map_w2 : &map_w;
                 const int wrow0 = SWIGLU ? tn * OUT_BN : tn * BN, wrow1 = SWIGLU ? wrow0 : wrow0 + BN / 2;
+                /* the tile's bias columns that exist (N is a multiple of 8: whole 16-byte chunks) */
+                const uint32_t bias_bytes = !SWIGLU && p.bias ? min(OUT_BN, p.N - tn * OUT_BN) * bias_size : 0;
                 for (int kt = 0; kt < nk; kt++) {
                     mbar_wait(&empty[s], phase ^ 1);
-                    mbar_expect_tx(&full[s], (BM + BN) * BK * 2);
+                    if (kt == 0 && bias_bytes) mbar_wait(&bias_empty[i & 1], ((i >> 1) & 1) ^ 1);
+                    mbar_expect_tx(&full[s], (BM + BN) * BK * 2 + (kt == 0 ? bias_bytes : 0));
                     tma_load_2d(sA + s * BM * BK, &map_x, kt * BK, tm * BM, &full[s]);
                     tma_load_2d(sB + s * BN * BK, &map_w, kt * BK, wrow0, &full[s]);
                     tma_load_2d(sB + s * BN * BK + (BN / 2) * BK, wmap1, kt * BK, wrow1, &full[s]);
+                    if (kt == 0 && bias_bytes)
+                        bulk_load(sBias + (i & 1) * OUT_BN * 4, static_cast<const unsigned char *>(p.bias) + (size_t)tn * OUT_BN * bias_size,
+                                  bias_bytes, &full[s]);
                     if (++s == STAGES) { s = 0; phase ^= 1; }
                 }
             }
@@ -257,21 +286,20 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
         }
     } else { /* consumers */
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-        const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+        const int cw = __reduce_max_sync(0xffffffffu, wg - 1), warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
         int s = 0, phase = 0, tile_count = 0;
         const bool act_warps = !SWIGLU && a.act_warps;
         for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
             int tm, tn;
             gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
             const int row0 = tm * BM + cw * 64 + warp * 16 + g, col0 = tn * OUT_BN + 2 * t4;
-            /* this tile's bias into the warpgroup's buffer for this tile's parity (the other one may still be read
-             * by a thread finishing the previous tile); the accumulators must start from registers no
-             * non-wgmma instruction writes inside the main loop, or ptxas serialises the wgmmas */
-            float *bias = !SWIGLU && p.bias ? sBias + (cw * 2 + (tile_count & 1)) * BN : nullptr;
-            if (bias)
-                for (int c = threadIdx.x & 127; c < OUT_BN; c += 128) bias[c] = gemm_acc_init(p, tn * OUT_BN + c);
-            /* unconditional: a bar.sync under the branch pushes the main loop's stage, phase and wgmma
-             * descriptors out of the uniform registers (ptxas; 4 R2UR moves per wgmma) */
+            /* this tile's bias lands with its first K step (the full barrier waited on below); widened after the
+             * main loop */
+            const int parity = tile_count & 1;
+            float *bias = !SWIGLU && p.bias ? sBiasF + cw * OUT_BN : nullptr;
+            /* a warpgroup barrier per tile, unconditional (a bar.sync under a branch pushes the main loop's stage,
+             * phase and wgmma descriptors out of the uniform registers: 4 R2UR moves per wgmma); it also keeps the
+             * warpgroup's float bias buffer from being rewritten while a thread still reads the previous tile's */
             warpgroup_sync(cw);
             tile_count++;
             /* accumulator i sits at row row0 + 8 ((i / 2) % 2), column col0 + 8 (i / 4) + i % 2 */
@@ -294,6 +322,18 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             }
             wgmma_wait<0>();
             if (lane == 0) mbar_arrive(&empty[prev]);
+            if (bias) { /* widen this thread's share of the bias and release the copy */
+                const unsigned char *raw = sBias + parity * OUT_BN * 4;
+#pragma unroll
+                for (int c = threadIdx.x & 127; c < OUT_BN; c += 128)
+                    bias[c] = p.bias_dtype == FS_F32 ? reinterpret_cast<const float *>(raw)[c]
+                            : p.bias_dtype == FS_F16 ? __half2float(reinterpret_cast<const __half *>(raw)[c])
+                                                     : __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(raw)[c]);
+                mbar_arrive(&bias_empty[parity]);
+            }
+            const bool leader = (threadIdx.x & 127) == 0;
+            if (!act_warps && a.tma_store && leader) bulk_wait_read(); /* the staging tile's previous store has read it */
+            warpgroup_sync(cw); /* the float bias written; unconditional, as above */
             if (act_warps) {
                 /* the staging tile once the activation warps have stored the previous one; x W^T + bias into it, for
                  * them to finish and store */
@@ -302,12 +342,9 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                 stage90<NA, false, T, BOX>::template run<FS_ACT_NONE>(acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile);
                 mbar_arrive(&staged[cw]);
             } else if (a.tma_store) {
-                /* through the warpgroup's staging tile: once its previous TMA store has read it, fill it, make the
+                /* through the warpgroup's staging tile (its previous TMA store has read it: above): fill it, make the
                  * writes visible to the async proxy, and one thread stores its boxes (waited on a tile later) */
                 unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
-                const bool leader = (threadIdx.x & 127) == 0;
-                if (leader) bulk_wait_read();
-                warpgroup_sync(cw);
                 if (SWIGLU) stage90<NA, true, T, BOX>::template run<FS_ACT_SILU>(acc, warp, g, t4, nullptr, tile);
                 else gemm_epilogue_dispatch<stage90<NA, false, T, BOX>>(p.act, acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile);
                 fence_proxy_async();

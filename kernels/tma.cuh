@@ -47,6 +47,15 @@ FS_DEV void tma_load_4d(void *dst, const CUtensorMap *map, int c0, int c1, int c
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
                  ::"r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar)) : "memory");
 }
+/* Bulk copy (no tensor map) of bytes (a multiple of 16; both addresses 16-byte aligned) from global into shared
+ * memory, completing on bar. */
+FS_DEV void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+/* Fetch a __grid_constant__ tensor map into the descriptor cache ahead of its first use. */
+FS_DEV void tma_prefetch_map(const CUtensorMap *map) { asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory"); }
 /* TMA: a box of shared memory to (c0, c1) of a 2-D tensor map (rows and columns past the map's ends are not
  * written), in this thread's current bulk group; bulk_commit closes the group. */
 FS_DEV void tma_store_2d(const CUtensorMap *map, const void *src, int c0, int c1)

@@ -173,10 +173,14 @@ def test_hopper_tile_widths(width):
     try:
         assert flashsci._flashsci._gemm_plan(1000, 1000, 1000)["BN"] == width
         rng = random.Random(width)
+        halves = [torch.float16, torch.bfloat16]
         for _ in range(12):
             m, k, n = rng.choice([1, 65, 200, 333, 1100]), 8 * rng.randint(1, 70), 8 * rng.randint(1, 70)
-            check(m, k, n, act=rng.choice(ACTS), bias=rng.random() < 0.6, dtype=rng.choice([torch.float16, torch.bfloat16]),
-                  out_dtype=rng.choice([None, None, torch.float32]), swiglu=rng.random() < 0.25, x_pad=rng.choice([0, 8]))
+            check(m, k, n, act=rng.choice(ACTS), bias=rng.random() < 0.6, dtype=rng.choice(halves),
+                  out_dtype=rng.choice([None, None, torch.float32]), swiglu=rng.random() < 0.25, x_pad=rng.choice([0, 8]),
+                  bias_dtype=rng.choice([None, torch.float32, *halves]))
+        # one K step per tile and ~8 tiles per CTA: the producer reuses each bias buffer while the ring runs ahead
+        check(4000, 64, 4096, act="relu", dtype=torch.bfloat16, bias_dtype=torch.float16)
         test_out_with_row_stride(200, "auto")
     finally:
         flashsci._flashsci._set_gemm_kernel("auto")
