@@ -56,9 +56,10 @@ template <fs_activation ACT> FS_DEV float gemm_activate(float v)
     }
 }
 
-/* The bias of output column col widened to float (fp16, bf16 or fp32), or 0 without a bias or past N. The
- * sm80 kernel starts its accumulators from it; the sm90 one stages it in shared memory for the epilogue
- * (wgmma accumulators must not be written by loads inside the pipeline, or ptxas serialises the wgmmas). */
+/* The bias of output column col widened to float (fp16, bf16 or fp32), or 0 without a bias or past N: the sm80
+ * kernel starts its accumulators from it. (The sm90 kernel copies the tile's bias into shared memory with the tile's
+ * first K step instead: wgmma accumulators must not be written by loads inside the pipeline, or ptxas serialises
+ * the wgmmas.) */
 FS_DEV float gemm_acc_init(const fs_gemm_params &p, int col)
 {
     if (!p.bias || col >= p.N) return 0.f;
