@@ -56,16 +56,20 @@ template <fs_activation ACT> FS_DEV float gemm_activate(float v)
     }
 }
 
-/* The bias of output column col widened to float (fp16, bf16 or fp32), or 0 without a bias or past N: the sm80
- * kernel starts its accumulators from it. (The sm90 kernel copies the tile's bias into shared memory with the tile's
- * first K step instead: wgmma accumulators must not be written by loads inside the pipeline, or ptxas serialises
- * the wgmmas.) */
+/* Element i of a bias array (global or shared memory) of dtype dt (fp16, bf16 or fp32), widened to float. */
+FS_DEV float gemm_bias_value(const void *bias, fs_dtype dt, int i)
+{
+    if (dt == FS_F32) return static_cast<const float *>(bias)[i];
+    const uint16_t b = static_cast<const uint16_t *>(bias)[i];
+    return dt == FS_F16 ? __half2float(__ushort_as_half(b)) : __bfloat162float(__ushort_as_bfloat16(b));
+}
+
+/* The bias of output column col as float, or 0 without a bias or past N: the sm80 kernel starts its accumulators
+ * from it. (The sm90 kernel copies the tile's bias into shared memory with the tile's first K step instead: wgmma
+ * accumulators must not be written by loads inside the pipeline, or ptxas serialises the wgmmas.) */
 FS_DEV float gemm_acc_init(const fs_gemm_params &p, int col)
 {
-    if (!p.bias || col >= p.N) return 0.f;
-    if (p.bias_dtype == FS_F32) return static_cast<const float *>(p.bias)[col];
-    const uint16_t b = static_cast<const uint16_t *>(p.bias)[col];
-    return p.bias_dtype == FS_F16 ? __half2float(__ushort_as_half(b)) : __bfloat162float(__ushort_as_bfloat16(b));
+    return p.bias && col < p.N ? gemm_bias_value(p.bias, p.bias_dtype, col) : 0.f;
 }
 
 /* Two output values from accumulators v0, v1 (bias included; with SwiGLU: gate values, u0, u1 the up values). */

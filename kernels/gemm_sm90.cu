@@ -325,10 +325,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             if (bias) { /* widen this thread's share of the bias and release the copy */
                 const unsigned char *raw = sBias + parity * OUT_BN * 4;
 #pragma unroll
-                for (int c = threadIdx.x & 127; c < OUT_BN; c += 128)
-                    bias[c] = p.bias_dtype == FS_F32 ? reinterpret_cast<const float *>(raw)[c]
-                            : p.bias_dtype == FS_F16 ? __half2float(reinterpret_cast<const __half *>(raw)[c])
-                                                     : __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(raw)[c]);
+                for (int c = threadIdx.x & 127; c < OUT_BN; c += 128) bias[c] = gemm_bias_value(raw, p.bias_dtype, c);
                 mbar_arrive(&bias_empty[parity]);
             }
             const bool leader = (threadIdx.x & 127) == 0;
