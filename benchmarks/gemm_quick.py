@@ -30,13 +30,17 @@ def inputs(m, k, n, dtype, sets):
              torch.randn(n, device="cuda", dtype=dtype)) for _ in range(sets)]
 
 
+def n_sets(m, k, n):
+    """Rotating input sets that together go beyond the 50 MB L2."""
+    return max(2, min(8, int(150e6 // (2 * (m * k + n * k + m * n)))))
+
+
 def time_pair(m, k, n, mode, dtype):
-    sets = max(2, min(8, int(150e6 // (2 * (m * k + n * k + m * n)))))  # rotating sets beyond the 50 MB L2
     act = "gelu" if mode == "gelu" else None
     fns = {"fs": lambda x, w, b: flashsci.linear(x, w, b if mode else None, activation=act),
            "torch": (lambda x, w, b: F.gelu(F.linear(x, w, b))) if mode == "gelu" else
                     (lambda x, w, b: F.linear(x, w, b)) if mode else (lambda x, w, b: x @ w.T)}
-    t = graph_kernel_times_us(torch, fns, inputs(m, k, n, dtype, sets))
+    t = graph_kernel_times_us(torch, fns, inputs(m, k, n, dtype, n_sets(m, k, n)))
     return t["fs"], t["torch"]
 
 
@@ -56,14 +60,13 @@ def small(dtype):
     """Each small-M shape: torch and flashsci with every tile width, timed in turns."""
     print(f"{'M':>6} {'K':>6} {'N':>6} {'torch':>8} " + " ".join(f"{t:>9}" for t in TILES))
     for m, k, n in SMALL:
-        sets = max(2, min(8, int(150e6 // (2 * (m * k + n * k + m * n)))))
         fns = {"torch": lambda x, w, b: x @ w.T}
         for tile in TILES:
             def fn(x, w, b, tile=tile):
                 flashsci._flashsci._set_gemm_kernel(tile)
                 return flashsci.linear(x, w)
             fns[tile] = fn
-        t = graph_kernel_times_us(torch, fns, inputs(m, k, n, dtype, sets))
+        t = graph_kernel_times_us(torch, fns, inputs(m, k, n, dtype, n_sets(m, k, n)))
         flashsci._flashsci._set_gemm_kernel("auto")
         print(f"{m:6d} {k:6d} {n:6d} {t['torch']:8.1f} " + " ".join(f"{t[x]:9.1f}" for x in TILES) +
               "   x torch: " + " ".join(f"{t['torch'] / t[x]:.3f}" for x in TILES), flush=True)
@@ -82,8 +85,7 @@ def epilogue(dtype):
            "F.gelu": lambda x, w, b: F.gelu(F.linear(x, w, b))}
     print(f"{'shape':>8} " + " ".join(f"{name:>10}" for name in fns))
     for name, m, k, n in EPILOGUE:
-        sets = max(2, min(8, int(150e6 // (2 * (m * k + n * k + m * n)))))
-        t = graph_kernel_times_us(torch, fns, inputs(m, k, n, dtype, sets))
+        t = graph_kernel_times_us(torch, fns, inputs(m, k, n, dtype, n_sets(m, k, n)))
         print(f"{name:>8} " + " ".join(f"{t[f]:10.1f}" for f in fns), flush=True)
         print(f"{'':>8} relu vs addmm {t['addmm relu'] / t['fs relu']:.3f}, gelu vs addmm {t['addmm gelu'] / t['fs gelu']:.3f}, "
               f"vs F.gelu {t['F.gelu'] / t['fs gelu']:.3f}, bias vs F.linear {t['F.linear'] / t['fs bias']:.3f}, "

@@ -179,7 +179,7 @@ def test_hopper_tile_widths(width):
             check(m, k, n, act=rng.choice(ACTS), bias=rng.random() < 0.6, dtype=rng.choice(halves),
                   out_dtype=rng.choice([None, None, torch.float32]), swiglu=rng.random() < 0.25, x_pad=rng.choice([0, 8]),
                   bias_dtype=rng.choice([None, torch.float32, *halves]))
-        # one K step per tile and ~8 tiles per CTA: the producer reuses each bias buffer while the ring runs ahead
+        # one K step per tile and 4 to 8 tiles per CTA: the producer reuses each bias buffer while the ring runs ahead
         check(4000, 64, 4096, act="relu", dtype=torch.bfloat16, bias_dtype=torch.float16)
         test_out_with_row_stride(200, "auto")
     finally:
