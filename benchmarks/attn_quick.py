@@ -13,7 +13,8 @@ import flashsci
 from flashsci.bench import _median_event_time_us
 
 F = torch.nn.functional
-CONFIGS = [(8, 40, 1024, 64, False), (8, 18, 1024, 64, False), (8, 32, 1024, 128, False), (2, 32, 8192, 64, False),
+CONFIGS = [(8, 40, 1024, 64, False), (8, 18, 1024, 64, False), (8, 32, 1024, 128, False), (16, 32, 1024, 64, False),
+           (4, 32, 4096, 64, False), (2, 32, 8192, 64, False),
            (2, 16, 8192, 128, False), (16, 32, 1024, 64, True), (2, 32, 8192, 64, True), (16, 16, 1024, 128, True),
            (2, 16, 8192, 128, True)]
 

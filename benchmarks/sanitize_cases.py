@@ -17,7 +17,8 @@ CASES = [  # (B, H, Sq, Sk, D, causal, layout)
     (1, 1, 40, 900, 64, False, "bhsd"), (1, 2, 100, 300, 32, True, "bshd"),   # 4 KV groups per block
     (1, 1, 40, 4500, 64, False, "bhsd"), (1, 1, 33, 1500, 128, True, "bhsd"),  # split-KV + combine (4, 1 groups)
     (2, 66, 130, 200, 128, True, "bhsd"), (2, 66, 200, 130, 128, False, "bshd"),  # sm90 (wgmma) on Hopper,
-    (2, 66, 300, 333, 64, True, "bshd"), (2, 66, 257, 100, 64, False, "bhsd"),     # several items per block
+    (2, 66, 300, 333, 64, True, "bshd"), (2, 66, 257, 100, 64, False, "bhsd"),     # several items per block,
+    (2, 66, 200, 700, 64, False, "bhsd"), (2, 66, 300, 130, 128, True, "bshd"),    # idle warpgroups (1 or 2)
 ]
 for dtype in (torch.float16, torch.bfloat16) if ONLY != "linear" else ():
     for b, h, sq, sk, d, causal, layout in CASES:

@@ -281,6 +281,19 @@ def test_hopper_kernel_shapes(layout, strided, causal, dtype, d):
 
 
 @pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq", [200, 300, 1000])
+def test_hopper_idle_warpgroups(sq, causal, d):
+    """The last query tile of each head with one or two consumer warpgroups wholly past Sq (Br = 192 at D = 64:
+    200 and 1000 leave two idle, 300 one; Br = 128 at D = 128: 200 none, 300 one): they issue nothing but keep the
+    ring's barriers and the issue turns, and those heads claim their items. Also Sk longer than the ring."""
+    plan = flashsci._flashsci._launch_plan(3, 50, sq, 1100, d, causal)
+    if plan["kernel"] == "sm90":
+        assert plan["Br"] == (192 if d == 64 else 128)
+    check(3, 50, sq, 1100, d, causal=causal, dtype=torch.bfloat16, lse=True)
+
+
+@pytest.mark.parametrize("d", [64, 128])
 def test_hopper_out_view(d):
     """out= a view with gaps between heads: the sm90 kernel's TMA stores follow its strides, drop the rows past
     Sq inside each head, and leave the gaps alone."""
