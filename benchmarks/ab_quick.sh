@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A/B on the GPU machine: build the working tree ("new") and, for each folder in VARIANTS (default: $OLD_DIR),
 # the same tree with that folder's files put back (same relative paths, named after the folder), run the GPU
-# tests on new (TESTS=1), then time every build in turn ROUNDS times with a quick script (default
-# benchmarks/attn_quick.py; QUICK_ARGS passed on).
+# tests on new (TESTS=1; stopped after TEST_TIMEOUT seconds, a hung kernel included), then time every build in
+# turn ROUNDS times with a quick script (default benchmarks/attn_quick.py; QUICK_ARGS passed on).
 #   OLD_DIR=ab_old QUICK_ARGS="--head-dim 64" bash benchmarks/ab_quick.sh
 #   VARIANTS="ab_old ab_mid" QUICK=benchmarks/gemm_quick.py QUICK_ARGS=--epilogue bash benchmarks/ab_quick.sh
 set -uo pipefail
@@ -19,7 +19,7 @@ build() { # $1: install target
 }
 build /tmp/ab_new
 if [[ ${TESTS:-1} == 1 ]]; then
-  PYTHONPATH=/tmp/ab_new python3 -m pytest -q -x tests/ ${TEST_ARGS:-} 2>&1 | tee "$OUT/logs/tests.log" | tail -4
+  PYTHONPATH=/tmp/ab_new timeout ${TEST_TIMEOUT:-900} python3 -m pytest -q -x tests/ ${TEST_ARGS:-} 2>&1 | tee "$OUT/logs/tests.log" | tail -4
 fi
 rm -rf /tmp/ab_keep && mkdir -p /tmp/ab_keep
 for dir in $VARIANTS; do  # the working tree's files that any variant replaces, kept to put back
