@@ -118,10 +118,11 @@ typedef struct {
 
 #ifdef FS_WGMMA
 /* Work item t: (b, h, query tile from row q0 of its sequence), reading n_kv K/V tiles of Bc rows. Non-causal:
- * the tiles of one head adjacent (K/V shared in L2); causal: sections of a.section heads whose K and V fit
- * in about half of L2, each section's heaviest tiles (last rows) first. FEAT: the sequence's rows start at qo / ko of the packed tensors (tb = 0 names their one batch) and
- * hold q_len / k_len rows; a packed item past its sequence is skipped, a padded one (seqlens) has no tiles
- * and writes zeros. n_kv = -1 marks the end of a block's items. */
+ * the tiles of one head adjacent (K/V shared in L2); causal: sections of a.section heads whose K and V fit in
+ * about half of L2, each section's heaviest tiles (last rows) first. FEAT: the sequence's rows start at qo / ko
+ * of the packed tensors (tb = 0 names their one batch) and hold q_len / k_len rows; a packed item past its
+ * sequence is skipped, a padded one (seqlens) has no tiles and writes zeros. n_kv = -1 marks the end of a
+ * block's items. */
 typedef struct {
     int b, h, q0, n_kv, tb, skip;
     fs_seq seq;
@@ -647,9 +648,9 @@ static cudaError_t launch_dtype(const fs_attn_params *p, int device, int sm_coun
     const bool feat = sm90_feat(p);
     if (p->D == 128)
         return feat ? launch<128, 128, 2, T, true>(p, device, sm_count, stream, plan) : launch<128, 128, 2, T, false>(p, device, sm_count, stream, plan);
-    if (feat && sm90_narrow_keys(p)) return launch<64, 64, 2, T, true>(p, device, sm_count, stream, plan);
-    if (feat) return launch<64, 128, 2, T, true>(p, device, sm_count, stream, plan);
-    return launch<64, 128, 3, T, false>(p, device, sm_count, stream, plan);
+    if (sm90_nwg(p) == 3) return launch<64, 128, 3, T, false>(p, device, sm_count, stream, plan);
+    return sm90_narrow_keys(p) ? launch<64, 64, 2, T, true>(p, device, sm_count, stream, plan)
+                               : launch<64, 128, 2, T, true>(p, device, sm_count, stream, plan);
 }
 
 #ifdef FLASHSCI_SM90A
