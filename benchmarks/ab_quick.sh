@@ -2,7 +2,8 @@
 # A/B on the GPU machine: build the working tree ("new") and, for each folder in VARIANTS (default: $OLD_DIR),
 # the same tree with that folder's files put back (same relative paths, named after the folder), run the GPU
 # tests on new (TESTS=1; stopped after TEST_TIMEOUT seconds, a hung kernel included), then time every build in
-# turn ROUNDS times with a quick script (default benchmarks/attn_quick.py; QUICK_ARGS passed on).
+# turn ROUNDS times with a quick script (default benchmarks/attn_quick.py; QUICK_ARGS passed on; each run stopped
+# after QUICK_TIMEOUT seconds).
 #   OLD_DIR=ab_old QUICK_ARGS="--head-dim 64" bash benchmarks/ab_quick.sh
 #   VARIANTS="ab_old ab_mid" QUICK=benchmarks/gemm_quick.py QUICK_ARGS=--epilogue bash benchmarks/ab_quick.sh
 set -uo pipefail
@@ -19,7 +20,7 @@ build() { # $1: install target
 }
 build /tmp/ab_new
 if [[ ${TESTS:-1} == 1 ]]; then
-  PYTHONPATH=/tmp/ab_new timeout ${TEST_TIMEOUT:-900} python3 -m pytest -q -x tests/ ${TEST_ARGS:-} 2>&1 | tee "$OUT/logs/tests.log" | tail -4
+  PYTHONPATH=/tmp/ab_new timeout -k 5 ${TEST_TIMEOUT:-900} python3 -m pytest -q -x tests/ ${TEST_ARGS:-} 2>&1 | tee "$OUT/logs/tests.log" | tail -4
 fi
 rm -rf /tmp/ab_keep && mkdir -p /tmp/ab_keep
 for dir in $VARIANTS; do  # the working tree's files that any variant replaces, kept to put back
@@ -35,6 +36,6 @@ for round in $(seq ${ROUNDS:-2}); do
   for v in $VARIANTS new; do
     v=$(name "$v")
     echo "== $v, round $round"
-    PYTHONPATH=/tmp/ab_$v python3 ${QUICK:-benchmarks/attn_quick.py} ${QUICK_ARGS:-} 2>&1 | tail -${QUICK_TAIL:-10}
+    PYTHONPATH=/tmp/ab_$v timeout -k 5 ${QUICK_TIMEOUT:-300} python3 -u ${QUICK:-benchmarks/attn_quick.py} ${QUICK_ARGS:-} 2>&1 | tail -${QUICK_TAIL:-10}
   done
 done

@@ -1,16 +1,18 @@
 """Quick attention timing while iterating on a kernel (the full, recorded comparison is python -m flashsci.bench):
-flashsci against SDPA's cuDNN and flash backends on a few large configs, CUDA events, median of 20 after warm-up.
-With --kv-sweep: a fixed set of query tiles (B, H, Sq = 8, 18, 1024) against Sk = 512 ... 4096 keys, and the
+flashsci against SDPA's cuDNN backend on a few large configs, timed as the recorded benchmark does (CUDA-graph
+replay over input sets that together exceed L2, the two taking turns, median). With --kv-sweep: a fixed set of
+query tiles (B, H, Sq = 8, 18, 1024) against Sk = 512 ... 4096 keys (CUDA events on warm inputs), and the
 straight-line fit time = rounds x (a + b Sk / 128): a is the cost per work item outside the key loop (Q load,
 first S and last P V alone, O store), b the cost per 128 keys (gemm_quick.py does the same for the GEMM).
     python benchmarks/attn_quick.py [--dtype bfloat16] [--head-dim 64] [--kv-sweep]"""
 import argparse
+import math
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashsci
-from flashsci.bench import _median_event_time_us
+from flashsci.bench import _median_event_time_us, graph_kernel_times_us
 
 F = torch.nn.functional
 CONFIGS = [(8, 40, 1024, 64, False), (8, 18, 1024, 64, False), (8, 32, 1024, 128, False), (16, 32, 1024, 64, False),
@@ -34,22 +36,25 @@ def main():
     dtype = getattr(torch, args.dtype)
     if args.kv_sweep:
         return kv_sweep(dtype, args.head_dim or 64)
-    print(f"{torch.cuda.get_device_name()}  {dtype}\n{'config':>26} {'fs us':>8} {'cudnn':>8} {'flash':>8} "
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+    print(f"{torch.cuda.get_device_name()}  {dtype}\n{'config':>26} {'fs us':>8} {'cudnn':>8} "
           f"{'fs TF/s':>8} {'x cudnn':>9} {'max diff':>9}")
     for b, h, s, d, causal in CONFIGS:
         if args.head_dim and d != args.head_dim:
             continue
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
-        out = torch.empty_like(q)
-        row = [time_us(lambda: flashsci.attention(q, k, v, causal=causal, out=out))]
-        for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
-            with sdpa_kernel(backend):
-                row.append(time_us(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)))
-                ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        diff = (out.float() - ref.float()).abs().max().item()
-        tflops = 4 * b * h * s * s * d / (2 if causal else 1) / row[0] / 1e6
-        print(f"{f'{b}x{h}x{s}x{d}' + (' causal' if causal else ''):>26} {row[0]:8.1f} {row[1]:8.1f} {row[2]:8.1f} "
-              f"{tflops:8.1f} {row[1] / row[0]:9.3f} {diff:9.1e}")
+        n_sets = max(1, min(64, math.ceil(2 * l2 / (4 * b * h * s * d * 2))))
+        inputs = [tuple(torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3)) for _ in range(n_sets)]
+        fs = lambda q, k, v: flashsci.attention(q, k, v, causal=causal)
+
+        def cudnn(q, k, v):
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        times = graph_kernel_times_us(torch, {"fs": fs, "cudnn": cudnn}, inputs)
+        diff = (fs(*inputs[0]).float() - cudnn(*inputs[0]).float()).abs().max().item()
+        tflops = 4 * b * h * s * s * d / (2 if causal else 1) / times["fs"] / 1e6
+        print(f"{f'{b}x{h}x{s}x{d}' + (' causal' if causal else ''):>26} {times['fs']:8.1f} {times['cudnn']:8.1f} "
+              f"{tflops:8.1f} {times['cudnn'] / times['fs']:9.3f} {diff:9.1e}", flush=True)
+        del inputs
 
 
 def kv_sweep(dtype, d, b=8, h=18, sq=1024):
