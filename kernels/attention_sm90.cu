@@ -71,6 +71,11 @@
  *   v6.1 causal items in sections of heads whose K/V fit in half of L2, heaviest first within a section (all heads
  *       at once re-read each head's K/V from memory per query tile): H100, causal 16x16x1024x128 260, 254 -> 170,
  *       169 us (cuDNN 181-200), 16x32x1024x64 259, 255 -> 242, 238
+ *   v6.2 the protein options (FEAT) at D = 64 on three consumer warpgroups as well (Br = 192, Bc = 64 or 128; 205 KiB
+ *       of shared memory at Bc = 128 with the T5 tables, no spills). H100, packed ESM2-3B heads on the UniProt
+ *       batches (benchmarks/varlen_quick.py, two rounds each, us): length-sorted 96x170 178, 178 -> 129, 129 (one
+ *       item per sequence instead of two), 15x1035 482, 488 -> 435, 435, 4x4096 1593, 1602 -> 1454, 1476; random
+ *       order 15x1061 128, 128 -> 115, 112, 10x1511 200, 204 -> 176, 176: 1.50-2.24x torch's varlen_attn (1.38-1.60x)
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -89,6 +94,7 @@
 template <int D, int BC, int NWG> struct fs_sm90_tile;
 /*                                                 STAGES  REGS */
 template <> struct fs_sm90_tile<64, 64, 2>   { enum { STAGES = 6, REGS = 240 }; };
+template <> struct fs_sm90_tile<64, 64, 3>   { enum { STAGES = 6, REGS = 160 }; };
 template <> struct fs_sm90_tile<64, 128, 2>  { enum { STAGES = 4, REGS = 240 }; };
 template <> struct fs_sm90_tile<64, 128, 3>  { enum { STAGES = 4, REGS = 160 }; };
 template <> struct fs_sm90_tile<128, 128, 2> { enum { STAGES = 2, REGS = 240 }; };
@@ -625,12 +631,12 @@ static bool sm90_feat(const fs_attn_params *p)
     return p->cu_seqlens_q || p->seqlens || p->t5_table;
 }
 
-/* Consumer warpgroups: three (Br = 192) for the plain kernel at D = 64 (S = 4096, 8192: 8-12% faster than two
- * warpgroups with Bc = 128 or 192), two for the protein options and at D = 128, where O alone takes 64 of the 160
- * registers per thread that three consumer warpgroups leave. */
+/* Consumer warpgroups: three (Br = 192) at D = 64 (plain S = 4096, 8192: 8-12% faster than two warpgroups with
+ * Bc = 128 or 192; packed UniProt batches 4-28%), two at D = 128, where O alone takes 64 of the 160 registers per
+ * thread that three consumer warpgroups leave. */
 static int sm90_nwg(const fs_attn_params *p)
 {
-    return p->D == 64 && !sm90_feat(p) ? 3 : 2;
+    return p->D == 64 ? 3 : 2;
 }
 
 /* Bc = 64 for the protein options at D = 64 where 128-key tiles would visit a quarter more keys than 64-key
@@ -648,9 +654,9 @@ static cudaError_t launch_dtype(const fs_attn_params *p, int device, int sm_coun
     const bool feat = sm90_feat(p);
     if (p->D == 128)
         return feat ? launch<128, 128, 2, T, true>(p, device, sm_count, stream, plan) : launch<128, 128, 2, T, false>(p, device, sm_count, stream, plan);
-    if (sm90_nwg(p) == 3) return launch<64, 128, 3, T, false>(p, device, sm_count, stream, plan);
-    return sm90_narrow_keys(p) ? launch<64, 64, 2, T, true>(p, device, sm_count, stream, plan)
-                               : launch<64, 128, 2, T, true>(p, device, sm_count, stream, plan);
+    if (!feat) return launch<64, 128, 3, T, false>(p, device, sm_count, stream, plan);
+    return sm90_narrow_keys(p) ? launch<64, 64, 3, T, true>(p, device, sm_count, stream, plan)
+                               : launch<64, 128, 3, T, true>(p, device, sm_count, stream, plan);
 }
 
 #ifdef FLASHSCI_SM90A
