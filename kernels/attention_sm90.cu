@@ -634,9 +634,9 @@ static bool sm90_feat(const fs_attn_params *p)
 /* Consumer warpgroups: three (Br = 192) at D = 64 (plain S = 4096, 8192: 8-12% faster than two warpgroups with
  * Bc = 128 or 192; packed UniProt batches 4-28%), two at D = 128, where O alone takes 64 of the 160 registers per
  * thread that three consumer warpgroups leave. */
-static int sm90_nwg(const fs_attn_params *p)
+static constexpr int sm90_nwg(int d)
 {
-    return p->D == 64 ? 3 : 2;
+    return d == 64 ? 3 : 2;
 }
 
 /* Bc = 64 for the protein options at D = 64 where 128-key tiles would visit a quarter more keys than 64-key
@@ -652,11 +652,13 @@ template <typename T>
 static cudaError_t launch_dtype(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan)
 {
     const bool feat = sm90_feat(p);
+    constexpr int W64 = sm90_nwg(64), W128 = sm90_nwg(128);
     if (p->D == 128)
-        return feat ? launch<128, 128, 2, T, true>(p, device, sm_count, stream, plan) : launch<128, 128, 2, T, false>(p, device, sm_count, stream, plan);
-    if (!feat) return launch<64, 128, 3, T, false>(p, device, sm_count, stream, plan);
-    return sm90_narrow_keys(p) ? launch<64, 64, 3, T, true>(p, device, sm_count, stream, plan)
-                               : launch<64, 128, 3, T, true>(p, device, sm_count, stream, plan);
+        return feat ? launch<128, 128, W128, T, true>(p, device, sm_count, stream, plan)
+                    : launch<128, 128, W128, T, false>(p, device, sm_count, stream, plan);
+    if (!feat) return launch<64, 128, W64, T, false>(p, device, sm_count, stream, plan);
+    return sm90_narrow_keys(p) ? launch<64, 64, W64, T, true>(p, device, sm_count, stream, plan)
+                               : launch<64, 128, W64, T, true>(p, device, sm_count, stream, plan);
 }
 
 #ifdef FLASHSCI_SM90A
@@ -671,7 +673,7 @@ static int strides_ok(int S, int H, int B, int64_t ss, int64_t sh, int64_t sb)
 extern "C" int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count)
 {
 #ifdef FLASHSCI_SM90A
-    const int br = 64 * sm90_nwg(p);
+    const int br = 64 * sm90_nwg(p->D);
     int sq, sk, nb, lneg = 0, t5_n = 0;
     sm90_extent(p, 1, &sq, &nb);
     sm90_extent(p, 0, &sk, &nb);
