@@ -93,9 +93,7 @@
  * or 64 for the protein options on short key ranges (sm90_narrow_keys) ---- */
 template <int D, int BC, int NWG> struct fs_sm90_tile;
 /*                                                 STAGES  REGS */
-template <> struct fs_sm90_tile<64, 64, 2>   { enum { STAGES = 6, REGS = 240 }; };
 template <> struct fs_sm90_tile<64, 64, 3>   { enum { STAGES = 6, REGS = 160 }; };
-template <> struct fs_sm90_tile<64, 128, 2>  { enum { STAGES = 4, REGS = 240 }; };
 template <> struct fs_sm90_tile<64, 128, 3>  { enum { STAGES = 4, REGS = 160 }; };
 template <> struct fs_sm90_tile<128, 128, 2> { enum { STAGES = 2, REGS = 240 }; };
 
