@@ -8,7 +8,7 @@ import torch
 import flashsci
 from flashsci.bench import graph_kernel_time_us
 
-for b, s in ((32, 512), (8, 2048)):
+for b, s in ((32, 512), (16, 1024), (8, 2048)):
     h, d = 32, 128
     sets = [tuple(torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3)) for _ in range(4)]
     full = torch.full((b,), s, dtype=torch.int32, device="cuda")

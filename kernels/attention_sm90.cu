@@ -76,6 +76,11 @@
  *       batches (benchmarks/varlen_quick.py, two rounds each, us): length-sorted 96x170 178, 178 -> 129, 129 (one
  *       item per sequence instead of two), 15x1035 482, 488 -> 435, 435, 4x4096 1593, 1602 -> 1454, 1476; random
  *       order 15x1061 128, 128 -> 115, 112, 10x1511 200, 204 -> 176, 176: 1.50-2.24x torch's varlen_attn (1.38-1.60x)
+ *   v6.3 the T5 tables repeat their end entries FS_SM90_T5_PAD places beyond the span, so the per-element bias on
+ *       tiles near the diagonal loads at fixed offsets from one address, with no clamp (SASS: 4624 -> 4376
+ *       instructions at D = 128). H100, ProtT5-XL heads with ProtT5's buckets (benchmarks/t5_cost.py, three rounds,
+ *       us): 32x32x512 326, 318, 315 -> 305, 309, 317; 16x32x1024 568, 589, 592 -> 574, 567, 548; 8x32x2048 997,
+ *       1001, 998 -> 991, 984, 990 (plain kernel 241-258 / 471-491 / 917-925)
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -98,6 +103,8 @@ template <> struct fs_sm90_tile<64, 128, 3>  { enum { STAGES = 4, REGS = 160 }; 
 template <> struct fs_sm90_tile<128, 128, 2> { enum { STAGES = 2, REGS = 240 }; };
 
 #define FS_SM90_T5_MAX 2048 /* T5 bias entries per consumer warpgroup (FEAT) */
+#define FS_SM90_T5_PAD 136   /* entries each side of a warpgroup's T5 table repeating its end values (sm90_softmax) */
+#define FS_SM90_T5_STRIDE (FS_SM90_T5_MAX + 2 * FS_SM90_T5_PAD)
 #define FS_SM90_WORK_BYTES 64 /* the work item the producer hands to the consumers (sm90_work) */
 
 /* shared memory: Q tile, K ring, V ring, an O staging tile per consumer warpgroup (1024-byte aligned), the
@@ -107,7 +114,7 @@ template <int D, int BC, int NWG, bool FEAT> constexpr int sm90_smem()
 {
     using t = fs_sm90_tile<D, BC, NWG>;
     return (2 * 64 * NWG + 2 * t::STAGES * BC) * D * 2 + (4 + 4 * t::STAGES) * 8 + FS_SM90_WORK_BYTES +
-           (FEAT ? (NWG * 4 + 2) * FS_SM90_T5_MAX : 0) + 1024;
+           (FEAT ? NWG * 4 * FS_SM90_T5_STRIDE + 2 * FS_SM90_T5_MAX : 0) + 1024;
 }
 
 typedef struct {
@@ -150,8 +157,9 @@ template <bool FEAT> FS_DEV sm90_work sm90_item(const fs_sm90_args &a, int t, in
  * alpha = exp2(m_old - m_i) per row for the caller to rescale O with. Rows with every key masked so far keep
  * m_i = -inf and use 0 in its place (P = 0, no NaN). P stays fp32: packing it to the A fragments of P V waits
  * until the previous P V has read them. FEAT: keys past k_len are masked, and t5 (NULL: none) adds the T5 bias
- * (log2 units) of relative position col - row at t5[clamp(col - row) + t5_lneg]; a tile whose positions all
- * clamp to one entry only shifts the exponent. */
+ * (log2 units) of relative position col - row, clamped to -t5_lneg .. t5_n - 1 - t5_lneg, at t5[col - row]; a
+ * tile whose positions all clamp to one entry only shifts the exponent, and the others' reach no further than
+ * 8 NS + 7 past that span, where the table repeats its end entries (FS_SM90_T5_PAD): no clamp per element. */
 template <int NS, bool FEAT>
 FS_DEV void sm90_softmax(float (&s)[NS * 4], const fs_attn_params &p, int k0, int k_len, int row0, int t4, float scale_log2,
                          const float *t5, int t5_lneg, int t5_n, float (&m_i)[2], float (&l_i)[2], float (&alpha)[2])
@@ -171,19 +179,20 @@ FS_DEV void sm90_softmax(float (&s)[NS * 4], const fs_attn_params &p, int k0, in
     }
     /* scores in log2 units are x = S tile_mul + tile_add */
     float tile_mul = mul, tile_add = 0.f;
+    static_assert(8 * NS + 7 <= FS_SM90_T5_PAD, "a tile's positions stay within the T5 table's padding");
     if (FEAT && t5) {
         const int top = t5_n - 1 - t5_lneg;
         const int lo = min(max(k0 - (row0 + 8), -t5_lneg), top), hi = min(max(k0 + NS * 8 - 1 - row0, -t5_lneg), top);
         if (lo == hi) {
-            tile_add = t5[lo + t5_lneg];
+            tile_add = t5[lo];
         } else {
             /* element (n, r, c) has rel = base + 8 (n - r) + c: one table load per distinct dd = n - r and c */
-            const int base = k0 + 2 * t4 - row0;
+            const float *t5_base = t5 + (k0 + 2 * t4 - row0);
 #pragma unroll
             for (int dd = -1; dd < NS; dd++)
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
-                    const float bias = t5[min(max(base + 8 * dd + c, -t5_lneg), top) + t5_lneg];
+                    const float bias = t5_base[8 * dd + c];
 #pragma unroll
                     for (int r = 0; r < 2; r++)
                         if (dd + r >= 0 && dd + r < NS) s[4 * (dd + r) + 2 * r + c] = fmaf(s[4 * (dd + r) + 2 * r + c], mul, bias);
@@ -256,8 +265,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     uint64_t *item_full = v_empty + STAGES, *item_read = item_full + 1;
     sm90_work *s_work = reinterpret_cast<sm90_work *>(item_read + 1);
     float *s_t5 = reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(s_work) + FS_SM90_WORK_BYTES); /* FEAT:
-                     FS_SM90_T5_MAX per consumer warpgroup */
-    unsigned short *s_bucket = reinterpret_cast<unsigned short *>(s_t5 + NWG * FS_SM90_T5_MAX); /* FEAT, T5 */
+                     FS_SM90_T5_STRIDE per consumer warpgroup */
+    unsigned short *s_bucket = reinterpret_cast<unsigned short *>(s_t5 + NWG * FS_SM90_T5_STRIDE); /* FEAT, T5 */
     const fs_attn_params &p = a.p;
     const int wg = threadIdx.x >> 7;
     if (threadIdx.x == 0) {
@@ -455,13 +464,15 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 continue;
             }
             const float *t5 = nullptr;
-            if (FEAT && p.t5_table) { /* this head's T5 bias by relative position, log2 units */
-                float *tab = s_t5 + cw * FS_SM90_T5_MAX;
+            if (FEAT && p.t5_table) { /* this head's T5 bias by relative position, log2 units, end entries repeated */
+                float *tab = s_t5 + cw * FS_SM90_T5_STRIDE;
                 warpgroup_sync<NWG>(cw); /* the whole warpgroup is past the previous item's softmax */
-                for (int i = threadIdx.x & 127; i < a.t5_n; i += 128)
-                    tab[i] = load_float(p.t5_table, w.h * p.t5_sh + s_bucket[i] * p.t5_sn, p.t5_dtype) * FS_LOG2E;
+                for (int i = threadIdx.x & 127; i < a.t5_n + 2 * FS_SM90_T5_PAD; i += 128) {
+                    const int pos = min(max(i - FS_SM90_T5_PAD, 0), a.t5_n - 1);
+                    tab[i] = load_float(p.t5_table, w.h * p.t5_sh + s_bucket[pos] * p.t5_sn, p.t5_dtype) * FS_LOG2E;
+                }
                 warpgroup_sync<NWG>(cw);
-                t5 = tab;
+                t5 = tab + FS_SM90_T5_PAD + a.t5_lneg; /* relative position 0 */
             }
             { /* the item's K/V tiles */
                 uint32_t pk[NS][2];
