@@ -6,13 +6,12 @@ straight-line fit time = rounds x (a + b Sk / 128): a is the cost per work item 
 first S and last P V alone, O store), b the cost per 128 keys (gemm_quick.py does the same for the GEMM).
     python benchmarks/attn_quick.py [--dtype bfloat16] [--head-dim 64] [--kv-sweep]"""
 import argparse
-import math
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashsci
-from flashsci.bench import _median_event_time_us, graph_kernel_times_us
+from flashsci.bench import _median_event_time_us, attention_input_sets, graph_kernel_times_us
 
 F = torch.nn.functional
 CONFIGS = [(8, 40, 1024, 64, False), (8, 18, 1024, 64, False), (8, 32, 1024, 128, False), (16, 32, 1024, 64, False),
@@ -36,14 +35,12 @@ def main():
     dtype = getattr(torch, args.dtype)
     if args.kv_sweep:
         return kv_sweep(dtype, args.head_dim or 64)
-    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
     print(f"{torch.cuda.get_device_name()}  {dtype}\n{'config':>26} {'fs us':>8} {'cudnn':>8} "
           f"{'fs TF/s':>8} {'x cudnn':>9} {'max diff':>9}")
     for b, h, s, d, causal in CONFIGS:
         if args.head_dim and d != args.head_dim:
             continue
-        n_sets = max(1, min(64, math.ceil(2 * l2 / (4 * b * h * s * d * 2))))
-        inputs = [tuple(torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3)) for _ in range(n_sets)]
+        inputs = attention_input_sets(torch, b, h, s, d, dtype)
         fs = lambda q, k, v: flashsci.attention(q, k, v, causal=causal)
 
         def cudnn(q, k, v):

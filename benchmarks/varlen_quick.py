@@ -4,25 +4,13 @@ ESM2-3B batches (H = 40, D = 64; UniProt lengths, length-sorted and random order
     python benchmarks/varlen_quick.py --fasta data/uniprot20k.fasta.gz [--dtype bfloat16]"""
 import argparse
 import itertools
-import random
 
 import torch
 from torch.nn.attention.varlen import varlen_attn
 
 import flashsci
 from flashsci.bench import graph_kernel_times_us
-from flashsci.bench_features import read_lengths, token_batches
-
-
-def batches(lengths, order, n=6):
-    """The batches bench_features.bench_varlen times, by the same rule."""
-    capped = [min(x, 4096) for x in lengths]
-    if order == "random":
-        random.Random(0).shuffle(capped)
-        return token_batches(capped)[:n]
-    all_ = token_batches(sorted(capped))
-    picks = sorted({min(len(all_) - 1, int(f * len(all_))) for f in (0.05, 0.25, 0.5, 0.75, 0.95, 0.999)})
-    return [all_[i] for i in picks]
+from flashsci.bench_features import read_lengths, varlen_batches
 
 
 def main():
@@ -34,7 +22,7 @@ def main():
     _, lengths = read_lengths(args.fasta)
     print(f"{torch.cuda.get_device_name()}  {dtype}\n{'batch':>18} {'fs us':>8} {'torch':>8} {'x torch':>8} {'max diff':>9}")
     for order in ("sorted", "random"):
-        for lens in batches(lengths, order):
+        for _, lens in varlen_batches(lengths, order):
             b, s, total = len(lens), max(lens), sum(lens)
             cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
             packed = tuple(torch.randn(total, h, d, device="cuda", dtype=dtype) for _ in range(3))

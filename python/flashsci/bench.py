@@ -138,13 +138,19 @@ def _with_backend(sdpa_kernel, backend, sdpa):
     return fn
 
 
+def attention_input_sets(torch, b, h, s, d, dtype):
+    """Rotating (q, k, v) sets of shape (b, h, s, d) whose bytes, outputs included, together reach twice the L2."""
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+    n_sets = max(1, min(64, math.ceil(2 * l2 / (4 * b * h * s * d * 2))))
+    return [tuple(torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3)) for _ in range(n_sets)]
+
+
 def run_gpu(sets, dtype_name, out_dir, head_dim=None):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     F = torch.nn.functional
     dtype = getattr(torch, dtype_name)
     props = torch.cuda.get_device_properties(0)
-    l2 = getattr(props, "L2_cache_size", 50 << 20)
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
     rows = []
@@ -152,9 +158,7 @@ def run_gpu(sets, dtype_name, out_dir, head_dim=None):
     for group, (b, h, s, d), causal in gpu_configs(sets):
         if head_dim and d != head_dim:
             continue
-        set_bytes = 4 * b * h * s * d * 2
-        n_sets = max(1, min(64, math.ceil(2 * l2 / set_bytes)))
-        inputs = [tuple(torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3)) for _ in range(n_sets)]
+        inputs = attention_input_sets(torch, b, h, s, d, dtype)
         fs = lambda q, k, v: flashsci.attention(q, k, v, causal=causal)
         sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         q, k, v = inputs[0]

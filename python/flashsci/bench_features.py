@@ -80,23 +80,26 @@ def _time(torch, fn, inputs):
         return sorted(times)[len(times) // 2]
 
 
-def bench_varlen(torch, dtype, lengths, order, n_batches=6):
-    F = torch.nn.functional
-    from torch.nn.attention.varlen import varlen_attn
-    h, d = 40, 64
+def varlen_batches(lengths, order, n_batches=6):
+    """(index, lengths) of the 16k-token batches the varlen benchmark times, lengths capped at 4096: length-sorted,
+    six spread over the sorted list; random order (a fixed shuffle), the first n_batches."""
     capped = [min(n, 4096) for n in lengths]
     if order == "sorted":
         batches = token_batches(sorted(capped))
         picks = sorted({min(len(batches) - 1, int(f * len(batches))) for f in (0.05, 0.25, 0.5, 0.75, 0.95, 0.999)})
     else:
-        rnd = random.Random(0)
-        shuffled = capped[:]
-        rnd.shuffle(shuffled)
-        batches = token_batches(shuffled)
+        random.Random(0).shuffle(capped)
+        batches = token_batches(capped)
         picks = list(range(n_batches))
+    return [(i, batches[i]) for i in picks]
+
+
+def bench_varlen(torch, dtype, lengths, order, n_batches=6):
+    F = torch.nn.functional
+    from torch.nn.attention.varlen import varlen_attn
+    h, d = 40, 64
     rows = []
-    for i in picks:
-        lens = batches[i]
+    for i, lens in varlen_batches(lengths, order, n_batches):
         b, s, total = len(lens), max(lens), sum(lens)
         cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
         packed = tuple(torch.randn(total, h, d, device="cuda", dtype=dtype) for _ in range(3))
