@@ -4,7 +4,7 @@ replay over input sets that together exceed L2, the two taking turns, median). W
 query tiles (B, H, Sq = 8, 18, 1024) against Sk = 512 ... 4096 keys (CUDA events on warm inputs), and the
 straight-line fit time = rounds x (a + b Sk / 128): a is the cost per work item outside the key loop (Q load,
 first S and last P V alone, O store), b the cost per 128 keys (gemm_quick.py does the same for the GEMM).
-    python benchmarks/attn_quick.py [--dtype bfloat16] [--head-dim 64] [--kv-sweep]"""
+    python benchmarks/attn_quick.py [--dtype bfloat16] [--head-dim 64] [--shape 1,16,16384,128[,causal]] [--kv-sweep]"""
 import argparse
 
 import torch
@@ -30,6 +30,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--head-dim", type=int, help="only the configs of this head dim")
+    ap.add_argument("--shape", action="append", help="B,H,S,D[,causal] instead of the built-in configs (repeatable)")
     ap.add_argument("--kv-sweep", action="store_true", help="the per-item / per-key-tile split instead")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -37,7 +38,8 @@ def main():
         return kv_sweep(dtype, args.head_dim or 64)
     print(f"{torch.cuda.get_device_name()}  {dtype}\n{'config':>26} {'fs us':>8} {'cudnn':>8} "
           f"{'fs TF/s':>8} {'x cudnn':>9} {'max diff':>9}")
-    for b, h, s, d, causal in CONFIGS:
+    configs = [parse_shape(x) for x in args.shape] if args.shape else CONFIGS
+    for b, h, s, d, causal in configs:
         if args.head_dim and d != args.head_dim:
             continue
         inputs = attention_input_sets(torch, b, h, s, d, dtype)
@@ -52,6 +54,12 @@ def main():
         print(f"{f'{b}x{h}x{s}x{d}' + (' causal' if causal else ''):>26} {times['fs']:8.1f} {times['cudnn']:8.1f} "
               f"{tflops:8.1f} {times['cudnn'] / times['fs']:9.3f} {diff:9.1e}", flush=True)
         del inputs
+
+
+def parse_shape(text):
+    """'B,H,S,D' or 'B,H,S,D,causal' -> (B, H, S, D, causal)."""
+    parts = text.split(",")
+    return (*(int(x) for x in parts[:4]), parts[4:] == ["causal"])
 
 
 def kv_sweep(dtype, d, b=8, h=18, sq=1024):

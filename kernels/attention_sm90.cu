@@ -9,7 +9,8 @@
  * rows). Warpgroup 0 is the producer: one thread issues TMA loads of Q_i and of the K_j, V_j tiles (Bc rows)
  * into a ring of STAGES stages, each completing on a "full" mbarrier and refilled once the consumers
  * arrive on its "empty" one. Warpgroups 1..NWG consume, 64 query rows each (the M of one wgmma):
- *   S_j = Q_i K_j^T      wgmma m64 n(Bc) k16, A = Q and B = K from shared memory (both K-major)
+ *   S_j = Q_i K_j^T      wgmma m64 n(Bc) k16, B = K from shared memory (K-major); A = Q from shared memory too
+ *                        at D = 64 and in the option kernels, from registers (loaded once per item) at D = 128
  *   softmax              m_i <- max(m_i, rowmax(S_j) c);  P_j = exp2(S_j c - m_i);
  *                        l_i <- alpha l_i + rowsum(P_j), alpha = exp2(m_old - m_i)   (c = scale log2 e)
  *   O_i <- alpha O_i + P_j V_j   wgmma m64 n(D) k16, A = P from registers (the S accumulator layout is the
@@ -81,6 +82,12 @@
  *       instructions at D = 128). H100, ProtT5-XL heads with ProtT5's buckets (benchmarks/t5_cost.py, three rounds,
  *       us): 32x32x512 326, 318, 315 -> 305, 309, 317; 16x32x1024 568, 589, 592 -> 574, 567, 548; 8x32x2048 997,
  *       1001, 998 -> 991, 984, 990 (plain kernel 241-258 / 471-491 / 917-925)
+ *   v6.4 D = 128 (plain kernel): Q_i in registers as the A operand of S = Q K^T (wgmma RS), loaded once per item, its
+ *       tile released at once. Shared-memory reads per tile fall by a fifth (80 -> 64 KiB per warpgroup), where
+ *       ncu had the shared pipe the busiest (74-75%) and the board sits at its 700 W cap. H100, attn_quick.py, two
+ *       rounds, us: 2x16x8192 1881, 1877 -> 1797, 1854; 1x16x16384 3750, 3711 -> 3638, 3701; 8x32x1024 and
+ *       16x16x1024 level within the machine's +-3%. The option kernel would spill with it (64 bytes) and keeps Q
+ *       in shared memory.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -343,13 +350,31 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
         if (cw == NWG - 1) issue_turn_pass<NWG>(cw); /* the first warpgroup issues first */
         const uint32_t q_addr = smem_addr(sQ) + cw * 64 * 128, k_base = smem_addr(sK), v_base = smem_addr(sV);
         int s = 0, phase = 0, q_phase = 0, item_phase = 0;
+        /* D = 128: Q_i as A fragments in registers for the item (qf[kk]: k-step kk, the P layout of issue_pv), so
+         * that S = Q K^T reads only K from shared memory */
+        constexpr bool Q_REGS = D == 128 && !FEAT;
+        uint32_t qf[Q_REGS ? D / 16 : 1][4];
+        /* the fragments from the landed Q tile: 32-bit word (row, col pair) of 64-column half col / 64, 16-byte
+         * chunk (col % 64) / 8 at chunk ^ (row % 8), and row % 8 = g */
+        auto load_q = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < (Q_REGS ? D / 16 : 0); kk++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const uint32_t row = warp * 16 + g + 8 * (i & 1), chunk = 2 * (kk & 3) + (i >> 1);
+                    qf[kk][i] = *reinterpret_cast<const uint32_t *>(reinterpret_cast<const unsigned char *>(sQ) + cw * 64 * 128 +
+                                                                       (kk >> 2) * BR * 128 + row * 128 + ((chunk ^ g) << 4) + 4 * t4);
+                }
+        };
         /* S = Q_i K^T on stage s (landed): D/16 k-steps, each 32 bytes further along a 128-byte row (next half at kk = 4) */
         auto issue_s = [&](float (&sc)[NS * 4]) {
             const uint32_t k_addr = k_base + s * BC * D * 2;
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++)
-                wgmma_ss<BC, T>(sc, desc_sw128(q_addr + (kk >> 2) * BR * 128 + 32 * (kk & 3), 16, 1024),
-                                desc_sw128(k_addr + (kk >> 2) * BC * 128 + 32 * (kk & 3), 16, 1024), kk > 0);
+            for (int kk = 0; kk < D / 16; kk++) {
+                const uint64_t dk = desc_sw128(k_addr + (kk >> 2) * BC * 128 + 32 * (kk & 3), 16, 1024);
+                if constexpr (Q_REGS) wgmma_rs_kmajor<BC, T>(sc, qf[kk], dk, kk > 0);
+                else wgmma_ss<BC, T>(sc, desc_sw128(q_addr + (kk >> 2) * BR * 128 + 32 * (kk & 3), 16, 1024), dk, kk > 0);
+            }
             wgmma_commit();
         };
         /* O_i += P V on stage sv (landed): Bc/16 k-steps of 16 V rows (2 KiB) each */
@@ -478,6 +503,11 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 uint32_t pk[NS][2];
                 mbar_wait(q_full, q_phase);
                 q_phase ^= 1;
+                load_q();
+                if (Q_REGS) { /* Q is in registers: its tile may take the next item's */
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(q_empty);
+                }
 
                 /* tile 0: S_0, its softmax (O is still zero) */
                 {
@@ -490,7 +520,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                     wgmma_wait<0>();
                     if (lane == 0) {
                         mbar_arrive(&k_empty[s]);
-                        if (n_kv == 1) mbar_arrive(q_empty); /* the item's last Q K^T is done: Q may be refilled */
+                        if (!Q_REGS && n_kv == 1) mbar_arrive(q_empty); /* the item's last Q K^T is done: Q may be refilled */
                     }
                     sm90_softmax<NS, FEAT>(sc, p, 0, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n, m_i, l_i, alpha);
                     sm90_pack_p<NS, T>(sc, pk);
@@ -511,7 +541,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                     wgmma_wait<1>(); /* S_j landed */
                     if (lane == 0) {
                         mbar_arrive(&k_empty[s]);
-                        if (j == n_kv - 1) mbar_arrive(q_empty);
+                        if (!Q_REGS && j == n_kv - 1) mbar_arrive(q_empty);
                     }
                     sm90_softmax<NS, FEAT>(sc, p, j * BC, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n, m_i, l_i, alpha);
                     wgmma_wait<0>(); /* P_{j-1} V_{j-1} landed */

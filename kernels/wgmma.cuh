@@ -30,6 +30,8 @@ FS_DEV void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n
 template <int N, typename T> FS_DEV_T void wgmma_ss(float d[N / 2], uint64_t da, uint64_t db, int acc);
 /* D (64 x N, fp32) += A (64 x 16, registers) B (16 x N, shared, MN-major). */
 template <int N, typename T> FS_DEV_T void wgmma_rs(float d[N / 2], const uint32_t a[4], uint64_t db);
+/* D (64 x N, fp32) (+)= A (64 x 16, registers) B (16 x N, shared, K-major); acc = 0 overwrites D. */
+template <int N, typename T> FS_DEV_T void wgmma_rs_kmajor(float d[N / 2], const uint32_t a[4], uint64_t db, int acc);
 
 /* Operand lists: "+f" accumulators d[i .. i + 7] and d[i .. i + 31]; register names %0 .. %127, 16 a row (an asm
  * template cannot count) */
@@ -60,6 +62,13 @@ template <> FS_DEV_T void wgmma_rs<N, TY>(float d[N / 2], const uint32_t a[4], u
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TN "." TN " {" REGS "}, {" A "}, " DB ", p, 1, 1, 1;\n}\n" \
                  : __VA_ARGS__ : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)); \
 }
+#define FS_WGMMA_RSK(N, TY, TN, REGS, A, DB, ACC, ...) \
+template <> FS_DEV_T void wgmma_rs_kmajor<N, TY>(float d[N / 2], const uint32_t a[4], uint64_t db, int acc) \
+{ \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TN "." TN " {" REGS "}, {" A "}, " DB ", p, 1, 1, 0;\n}\n" \
+                 : __VA_ARGS__ : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)); \
+}
 /* the shapes the kernels use, for fp16 and bf16 (TN: the PTX type name) */
 #define FS_WGMMA_SHAPES(TY, TN) \
     FS_WGMMA_SS(64, TY, TN, FS_R0 ", " FS_R16, "%32", "%33", "%34", FS_D32(0)) \
@@ -68,7 +77,8 @@ template <> FS_DEV_T void wgmma_rs<N, TY>(float d[N / 2], const uint32_t a[4], u
     FS_WGMMA_SS(192, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64 ", " FS_R80, "%96", "%97", "%98", FS_D32(0), FS_D32(32), FS_D32(64)) \
     FS_WGMMA_SS(256, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64 ", " FS_R80 ", " FS_R96 ", " FS_R112, "%128", "%129", "%130", FS_D32(0), FS_D32(32), FS_D32(64), FS_D32(96)) \
     FS_WGMMA_RS(64, TY, TN, FS_R0 ", " FS_R16, "%32, %33, %34, %35", "%36", FS_D32(0)) \
-    FS_WGMMA_RS(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64, %65, %66, %67", "%68", FS_D32(0), FS_D32(32))
+    FS_WGMMA_RS(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64, %65, %66, %67", "%68", FS_D32(0), FS_D32(32)) \
+    FS_WGMMA_RSK(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64, %65, %66, %67", "%68", "%69", FS_D32(0), FS_D32(32))
 FS_WGMMA_SHAPES(__half, "f16")
 FS_WGMMA_SHAPES(__nv_bfloat16, "bf16")
 #endif

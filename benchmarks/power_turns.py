@@ -1,0 +1,106 @@
+"""Time and energy per call of flashsci and SDPA's backends taking turns on one attention shape, as the recorded
+benchmark times them (CUDA-graph replays over rotating input sets), with the GPU's energy counter and SM clock read
+through NVML (ctypes, libnvidia-ml) around and during each turn. Under the board's power cap the clock each kernel
+gets follows its energy per unit of work, so a kernel can win alone and lose in a mix.
+    python benchmarks/power_turns.py --shape 1,16,16384,128 [--mix all|cudnn] [--rounds 5]"""
+import argparse
+import ctypes
+import statistics
+import threading
+import time
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashsci
+from flashsci.bench import _capture, attention_input_sets
+
+F = torch.nn.functional
+
+
+class Nvml:
+    """The NVML calls needed here: total energy (mJ) and current SM clock (MHz) of GPU 0."""
+
+    def __init__(self):
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        self.dev = ctypes.c_void_p()
+        if self.lib.nvmlInit_v2() or self.lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.dev)):
+            raise RuntimeError("NVML init failed")
+
+    def energy_mj(self):
+        e = ctypes.c_ulonglong()
+        if self.lib.nvmlDeviceGetTotalEnergyConsumption(self.dev, ctypes.byref(e)):
+            raise RuntimeError("nvmlDeviceGetTotalEnergyConsumption failed")
+        return e.value
+
+    def sm_mhz(self):
+        c = ctypes.c_uint()
+        self.lib.nvmlDeviceGetClockInfo(self.dev, 1, ctypes.byref(c))  # NVML_CLOCK_SM
+        return c.value
+
+
+def turn(nvml, graph, calls, replays):
+    """Replays of one graph: (us per call, J per call, mean SM MHz sampled every 5 ms)."""
+    clocks, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            clocks.append(nvml.sm_mhz())
+            time.sleep(0.005)
+    torch.cuda.synchronize()
+    th = threading.Thread(target=sample)
+    e0 = nvml.energy_mj()
+    th.start()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    stop.set()
+    th.join()
+    e1 = nvml.energy_mj()
+    n = calls * replays
+    return start.elapsed_time(end) * 1e3 / n, (e1 - e0) * 1e-3 / n, statistics.mean(clocks) if clocks else 0.0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="1,16,16384,128", help="B,H,S,D (non-causal)")
+    ap.add_argument("--mix", default="all", choices=["all", "cudnn"], help="every SDPA backend in turns, or cuDNN alone")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--replays", type=int, default=3)
+    args = ap.parse_args()
+    b, h, s, d = (int(x) for x in args.shape.split(","))
+    inputs = attention_input_sets(torch, b, h, s, d, torch.float16)
+    sdpa = F.scaled_dot_product_attention
+
+    def backend(be):
+        def fn(q, k, v):
+            with sdpa_kernel(be):
+                return sdpa(q, k, v)
+        return fn
+    fns = {"flashsci": lambda q, k, v: flashsci.attention(q, k, v)}
+    if args.mix == "all":
+        fns.update({"sdpa": sdpa, "flash": backend(SDPBackend.FLASH_ATTENTION), "cudnn": backend(SDPBackend.CUDNN_ATTENTION),
+                    "efficient": backend(SDPBackend.EFFICIENT_ATTENTION)})
+    else:
+        fns["cudnn"] = backend(SDPBackend.CUDNN_ATTENTION)
+    calls = max(len(inputs), 20)
+    graphs = {name: _capture(torch, fn, inputs, calls) for name, fn in fns.items()}
+    nvml = Nvml()
+    rows = {name: [] for name in fns}
+    for _ in range(args.rounds):
+        for name, g in graphs.items():
+            rows[name].append(turn(nvml, g, calls, args.replays))
+    flops = 4 * b * h * s * s * d
+    print(f"{torch.cuda.get_device_name()}  {b}x{h}x{s}x{d} fp16 non-causal, mix {args.mix}, {args.rounds} rounds of "
+          f"{args.replays} x {calls} calls (medians over rounds)")
+    print(f"{'kernel':>10} {'us/call':>9} {'J/call':>8} {'SM MHz':>7} {'TF/s':>7} {'GFLOP/J':>8} {'kcycles/call':>13}")
+    for name, r in rows.items():
+        us, j, mhz = (statistics.median(x[i] for x in r) for i in range(3))
+        print(f"{name:>10} {us:9.1f} {j:8.3f} {mhz:7.0f} {flops / us / 1e6:7.1f} {flops / j / 1e9:8.1f} {us * mhz / 1e3:13.1f}")
+
+
+if __name__ == "__main__":
+    main()
