@@ -2,7 +2,7 @@
 benchmark times them (CUDA-graph replays over rotating input sets), with the GPU's energy counter and SM clock read
 through NVML (ctypes, libnvidia-ml) around and during each turn. Under the board's power cap the clock each kernel
 gets follows its energy per unit of work, so a kernel can win alone and lose in a mix.
-    python benchmarks/power_turns.py --shape 1,16,16384,128 [--mix all|cudnn] [--rounds 5]"""
+    python benchmarks/power_turns.py --shape 1,16,16384,128 [--mix all|cudnn] [--order sdpa,flashsci,...] [--warm 1] [--rounds 5]"""
 import argparse
 import ctypes
 import statistics
@@ -39,9 +39,11 @@ class Nvml:
         return c.value
 
 
-def turn(nvml, graph, calls, replays):
-    """Replays of one graph: (us per call, J per call, mean SM MHz sampled every 5 ms)."""
+def turn(nvml, graph, calls, replays, warm):
+    """Replays of one graph after `warm` untimed ones: (us per call, J per call, mean SM MHz sampled every 5 ms)."""
     clocks, stop = [], threading.Event()
+    for _ in range(warm):
+        graph.replay()
 
     def sample():
         while not stop.is_set():
@@ -68,8 +70,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="1,16,16384,128", help="B,H,S,D (non-causal)")
     ap.add_argument("--mix", default="all", choices=["all", "cudnn"], help="every SDPA backend in turns, or cuDNN alone")
+    ap.add_argument("--order", default=None, help="comma-separated turn order of the mix's kernels (default: flashsci first)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--replays", type=int, default=3)
+    ap.add_argument("--warm", type=int, default=0, help="untimed replays at the start of each turn")
     args = ap.parse_args()
     b, h, s, d = (int(x) for x in args.shape.split(","))
     inputs = attention_input_sets(torch, b, h, s, d, torch.float16)
@@ -86,13 +90,15 @@ def main():
                     "efficient": backend(SDPBackend.EFFICIENT_ATTENTION)})
     else:
         fns["cudnn"] = backend(SDPBackend.CUDNN_ATTENTION)
+    if args.order:
+        fns = {name: fns[name] for name in args.order.split(",")}
     calls = max(len(inputs), 20)
     graphs = {name: _capture(torch, fn, inputs, calls) for name, fn in fns.items()}
     nvml = Nvml()
     rows = {name: [] for name in fns}
     for _ in range(args.rounds):
         for name, g in graphs.items():
-            rows[name].append(turn(nvml, g, calls, args.replays))
+            rows[name].append(turn(nvml, g, calls, args.replays, args.warm))
     flops = 4 * b * h * s * s * d
     print(f"{torch.cuda.get_device_name()}  {b}x{h}x{s}x{d} fp16 non-causal, mix {args.mix}, {args.rounds} rounds of "
           f"{args.replays} x {calls} calls (medians over rounds)")

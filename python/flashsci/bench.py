@@ -89,7 +89,10 @@ def graph_kernel_times_us(torch, fns, inputs, optional=(), rounds=5, iters=3):
     input sets; those named in optional give None where they raise RuntimeError (an SDPA backend that does not
     take the inputs). The functions take turns, `iters` replays each per round, so that clock and power drift
     over the measurement falls on all of them alike (a GPU that has just idled runs its first large GEMMs at
-    higher clocks than later ones)."""
+    higher clocks than later ones). Each turn starts with one untimed replay: at the board's power cap a turn
+    runs slower right after some kernels than after others (H100, 1x16x16384x128: whichever followed SDPA's
+    efficient backend lost 3-4%, benchmarks/power_turns.py --order), and with the order fixed that place fell
+    to the same function every round."""
     calls = max(len(inputs), 20)
     graphs, times = {}, {}
     for name, fn in fns.items():
@@ -103,6 +106,7 @@ def graph_kernel_times_us(torch, fns, inputs, optional=(), rounds=5, iters=3):
     for _ in range(rounds):
         for name, graph in graphs.items():
             if graph is not None:
+                graph.replay()
                 times[name] += _event_times_us(torch, graph.replay, calls, iters)
     del graphs
     return {name: statistics.median(times[name]) if name in times else None for name in fns}
