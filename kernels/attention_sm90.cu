@@ -323,7 +323,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 item_phase ^= 1;
                 if (w.n_kv < 0) break;
                 if (w.n_kv == 0) continue; /* no key to read (O = 0): nothing to load */
-                /* Q once the last item's last Q K^T is done, then K and V */
+                /* Q once the consumers are done with the last item's (its last Q K^T; at D = 128 once it is in
+                 * their registers), then K and V */
                 const int qrow = (int)w.seq.qo + w.q0, krow = (int)w.seq.ko;
                 load(sQ, &map_q, BR, qrow, w.tb, w.h, q_full, q_empty, q_phase ^ 1);
                 q_phase ^= 1;
@@ -504,7 +505,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 mbar_wait(q_full, q_phase);
                 q_phase ^= 1;
                 load_q();
-                if (Q_REGS) { /* Q is in registers: its tile may take the next item's */
+                if constexpr (Q_REGS) { /* Q is in registers: its tile may take the next item's */
                     __syncwarp();
                     if (lane == 0) mbar_arrive(q_empty);
                 }
