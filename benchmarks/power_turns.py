@@ -1,7 +1,9 @@
 """Time and energy per call of flashsci and SDPA's backends taking turns on one attention shape, as the recorded
 benchmark times them (CUDA-graph replays over rotating input sets), with the GPU's energy counter and SM clock read
-through NVML (ctypes, libnvidia-ml) around and during each turn. Under the board's power cap the clock each kernel
-gets follows its energy per unit of work, so a kernel can win alone and lose in a mix.
+through NVML (ctypes, libnvidia-ml) around and during each turn. The H100 runs these shapes at its 700 W cap; with
+--order and --warm this found that a turn right after the efficient backend's runs 3-4% slower, and that one
+untimed replay opening each turn removes that (benchmarks/NOTES.md, session 14). At turns of ~0.2 s NVML's energy
+and clock figures lag into the neighbouring turns: read them as rough, the times as the measurement.
     python benchmarks/power_turns.py --shape 1,16,16384,128 [--mix all|cudnn] [--order sdpa,flashsci,...] [--warm 1] [--rounds 5]"""
 import argparse
 import ctypes
