@@ -11,7 +11,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashsci
-from flashsci.bench import _median_event_time_us, attention_input_sets, graph_kernel_times_us
+from flashsci.bench import _median_event_time_us, _with_backend, attention_input_sets, graph_kernel_times_us
 
 F = torch.nn.functional
 CONFIGS = [(8, 40, 1024, 64, False), (8, 18, 1024, 64, False), (8, 32, 1024, 128, False), (16, 32, 1024, 64, False),
@@ -44,10 +44,8 @@ def main():
             continue
         inputs = attention_input_sets(torch, b, h, s, d, dtype)
         fs = lambda q, k, v: flashsci.attention(q, k, v, causal=causal)
-
-        def cudnn(q, k, v):
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        cudnn = _with_backend(sdpa_kernel, SDPBackend.CUDNN_ATTENTION,
+                              lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
         times = graph_kernel_times_us(torch, {"fs": fs, "cudnn": cudnn}, inputs)
         diff = (fs(*inputs[0]).float() - cudnn(*inputs[0]).float()).abs().max().item()
         tflops = 4 * b * h * s * s * d / (2 if causal else 1) / times["fs"] / 1e6

@@ -15,7 +15,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashsci
-from flashsci.bench import _capture, attention_input_sets
+from flashsci.bench import _capture, _with_backend, attention_input_sets
 
 F = torch.nn.functional
 
@@ -80,12 +80,7 @@ def main():
     b, h, s, d = (int(x) for x in args.shape.split(","))
     inputs = attention_input_sets(torch, b, h, s, d, torch.float16)
     sdpa = F.scaled_dot_product_attention
-
-    def backend(be):
-        def fn(q, k, v):
-            with sdpa_kernel(be):
-                return sdpa(q, k, v)
-        return fn
+    backend = lambda be: _with_backend(sdpa_kernel, be, sdpa)
     fns = {"flashsci": lambda q, k, v: flashsci.attention(q, k, v)}
     if args.mix == "all":
         fns.update({"sdpa": sdpa, "flash": backend(SDPBackend.FLASH_ATTENTION), "cudnn": backend(SDPBackend.CUDNN_ATTENTION),
