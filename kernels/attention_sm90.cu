@@ -109,19 +109,19 @@ template <> struct fs_sm90_tile<64, 64, 3>   { enum { STAGES = 6, REGS = 160 }; 
 template <> struct fs_sm90_tile<64, 128, 3>  { enum { STAGES = 4, REGS = 160 }; };
 template <> struct fs_sm90_tile<128, 128, 2> { enum { STAGES = 2, REGS = 240 }; };
 
-#define FS_SM90_T5_MAX 2048 /* T5 bias entries per consumer warpgroup (FEAT) */
-#define FS_SM90_T5_PAD 136   /* entries each side of a warpgroup's T5 table repeating its end values (sm90_softmax) */
-#define FS_SM90_T5_STRIDE (FS_SM90_T5_MAX + 2 * FS_SM90_T5_PAD)
+#define FS_SM90_T5_MAX 2048 /* T5 bias entries of a table (FEAT) */
+#define FS_SM90_T5_PAD 136   /* entries each side of a T5 table repeating its end values (sm90_softmax) */
+#define FS_SM90_T5_STRIDE (FS_SM90_T5_MAX + 2 * FS_SM90_T5_PAD) /* floats; a multiple of 4 (16-byte bulk copies) */
 #define FS_SM90_WORK_BYTES 64 /* the work item the producer hands to the consumers (sm90_work) */
 
-/* shared memory: Q tile, K ring, V ring, an O staging tile per consumer warpgroup (1024-byte aligned), the
- * mbarriers, the current work item, with the protein options (FEAT) a T5 table per consumer warpgroup and the T5
- * bucket of every relative position; plus 1 KiB alignment slack */
+/* shared memory: Q tile, K ring, V ring, an O staging tile per consumer warpgroup (1024-byte aligned), with the
+ * protein options (FEAT) two T5 tables (the items' of alternate Q tiles), the mbarriers, the current work item;
+ * plus 1 KiB alignment slack */
 template <int D, int BC, int NWG, bool FEAT> constexpr int sm90_smem()
 {
     using t = fs_sm90_tile<D, BC, NWG>;
-    return (2 * 64 * NWG + 2 * t::STAGES * BC) * D * 2 + (4 + 4 * t::STAGES) * 8 + FS_SM90_WORK_BYTES +
-           (FEAT ? NWG * 4 * FS_SM90_T5_STRIDE + 2 * FS_SM90_T5_MAX : 0) + 1024;
+    return (2 * 64 * NWG + 2 * t::STAGES * BC) * D * 2 + (FEAT ? 2 * 4 * FS_SM90_T5_STRIDE : 0) + (4 + 4 * t::STAGES) * 8 +
+           FS_SM90_WORK_BYTES + 1024;
 }
 
 typedef struct {
@@ -132,6 +132,8 @@ typedef struct {
     int *claims; /* NULL: block b takes items b, b + grid, ...; else [next, blocks done], zero between launches:
                     after its first item a block claims the next unclaimed one */
     int t5_lneg, t5_n; /* FEAT, T5: bias of relative positions -t5_lneg .. t5_n - 1 - t5_lneg (fs_t5_span) */
+    int t5_row;        /* FEAT, T5: floats per head in t5_rows, a multiple of 4 */
+    const float *t5_rows; /* FEAT, T5: each head's table as shared memory holds it (sm90_t5_expand) */
 } fs_sm90_args;
 
 #ifdef FS_WGMMA
@@ -265,15 +267,14 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     T *sQ = reinterpret_cast<T *>(smem_raw + __reduce_max_sync(0xffffffffu, (1024 - (smem_addr(smem_raw) & 1023)) & 1023));
     T *sK = sQ + BR * D, *sV = sK + STAGES * BC * D; /* stage s at s BC D; 64-column halves BC rows apart */
     T *sO = sV + STAGES * BC * D; /* 64 x D per consumer warpgroup */
-    uint64_t *q_full = reinterpret_cast<uint64_t *>(sO + BR * D), *q_empty = q_full + 1;
+    /* FEAT, T5: two tables of FS_SM90_T5_STRIDE, the one of the item whose Q tile loads in phase q_phase at q_phase */
+    float *s_t5 = reinterpret_cast<float *>(sO + BR * D);
+    uint64_t *q_full = reinterpret_cast<uint64_t *>(s_t5 + (FEAT ? 2 * FS_SM90_T5_STRIDE : 0)), *q_empty = q_full + 1;
     uint64_t *k_full = q_empty + 1, *k_empty = k_full + STAGES, *v_full = k_empty + STAGES, *v_empty = v_full + STAGES;
     /* the current work item: written by the producer thread, which then arrives on item_full; every consumer thread
      * arrives on item_read once it has read it (an arrive orders the arriving thread's own accesses only) */
     uint64_t *item_full = v_empty + STAGES, *item_read = item_full + 1;
     sm90_work *s_work = reinterpret_cast<sm90_work *>(item_read + 1);
-    float *s_t5 = reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(s_work) + FS_SM90_WORK_BYTES); /* FEAT:
-                     FS_SM90_T5_STRIDE per consumer warpgroup */
-    unsigned short *s_bucket = reinterpret_cast<unsigned short *>(s_t5 + NWG * FS_SM90_T5_STRIDE); /* FEAT, T5 */
     const fs_attn_params &p = a.p;
     const int wg = threadIdx.x >> 7;
     if (threadIdx.x == 0) {
@@ -289,9 +290,6 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
         }
         mbar_init_fence();
     }
-    if (FEAT && p.t5_table) /* the bucket of every tabulated relative position, once per block */
-        for (int i = threadIdx.x; i < a.t5_n; i += blockDim.x)
-            s_bucket[i] = (unsigned short)fs_t5_bucket(i - a.t5_lneg, p.t5_buckets, p.t5_max_distance, p.t5_bidirectional);
     __syncthreads();
 
     if (wg == 0) { /* producer: one thread claims the items and issues every TMA load */
@@ -326,6 +324,13 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 /* Q once the consumers are done with the last item's (its last Q K^T; at D = 128 once it is in
                  * their registers), then K and V */
                 const int qrow = (int)w.seq.qo + w.q0, krow = (int)w.seq.ko;
+                if (FEAT && p.t5_table) { /* the head's T5 table lands with Q: the consumers were done with the one in
+                                           * its slot, two Q tiles back, when they released the last Q tile; its bytes
+                                           * are added before the Q load's arrival can complete the phase */
+                    mbar_wait(q_empty, q_phase ^ 1);
+                    mbar_add_tx(q_full, a.t5_row * 4);
+                    bulk_load(s_t5 + q_phase * FS_SM90_T5_STRIDE, a.t5_rows + (int64_t)w.h * a.t5_row, a.t5_row * 4, q_full);
+                }
                 load(sQ, &map_q, BR, qrow, w.tb, w.h, q_full, q_empty, q_phase ^ 1);
                 q_phase ^= 1;
                 for (int j = 0; j < w.n_kv; j++) {
@@ -489,17 +494,9 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 if (FEAT) finish(w, row0, o, m_i, l_i); /* zeros for a padded sequence's rows */
                 continue;
             }
-            const float *t5 = nullptr;
-            if (FEAT && p.t5_table) { /* this head's T5 bias by relative position, log2 units, end entries repeated */
-                float *tab = s_t5 + cw * FS_SM90_T5_STRIDE;
-                warpgroup_sync<NWG>(cw); /* the whole warpgroup is past the previous item's softmax */
-                for (int i = threadIdx.x & 127; i < a.t5_n + 2 * FS_SM90_T5_PAD; i += 128) {
-                    const int pos = min(max(i - FS_SM90_T5_PAD, 0), a.t5_n - 1);
-                    tab[i] = load_float(p.t5_table, w.h * p.t5_sh + s_bucket[pos] * p.t5_sn, p.t5_dtype) * FS_LOG2E;
-                }
-                warpgroup_sync<NWG>(cw);
-                t5 = tab + FS_SM90_T5_PAD + a.t5_lneg; /* relative position 0 */
-            }
+            /* this head's T5 bias by relative position, log2 units, end entries repeated; it lands with Q (built here
+             * by each warpgroup instead, the table took 9% of ProtT5's time at S = 512) */
+            const float *t5 = FEAT && p.t5_table ? s_t5 + q_phase * FS_SM90_T5_STRIDE + FS_SM90_T5_PAD + a.t5_lneg : nullptr;
             { /* the item's K/V tiles */
                 uint32_t pk[NS][2];
                 mbar_wait(q_full, q_phase);
@@ -575,6 +572,19 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
 #endif
 }
 
+/* Each head's T5 table as the attention kernel reads it from shared memory (sm90_softmax), into out (row floats per
+ * head): entry i is the bias, in log2 units, of relative position clamp(i - FS_SM90_T5_PAD, 0, t5_n - 1) - t5_lneg.
+ * One block per head, launched ahead of the attention kernel, whose producer copies a row per work item. */
+__global__ void sm90_t5_expand(const fs_attn_params p, int t5_lneg, int t5_n, int row, float *out)
+{
+    const int h = blockIdx.x;
+    for (int i = threadIdx.x; i < row; i += blockDim.x) {
+        const int pos = min(max(i - FS_SM90_T5_PAD, 0), t5_n - 1);
+        const int bucket = fs_t5_bucket(pos - t5_lneg, p.t5_buckets, p.t5_max_distance, p.t5_bidirectional);
+        out[(int64_t)h * row + i] = load_float(p.t5_table, h * p.t5_sh + bucket * p.t5_sn, p.t5_dtype) * FS_LOG2E;
+    }
+}
+
 /* A 4-D tensor map over one of q, k, v as (D, S, H, B) read in boxes of 64 columns x rows; a size-1 dim gets
  * a nominal stride (TMA wants every stride a nonzero multiple of 16 bytes). */
 static cudaError_t sm90_map(CUtensorMap *map, const void *base, int bf16, int S, int H, int B, int D, int64_t ss,
@@ -631,8 +641,12 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     a.scale_log2 = (float)(p->scale * 1.4426950408889634);
     a.n_qtiles = (p->Sq + BR - 1) / BR;
     a.section = sm90_section(p);
-    a.t5_lneg = a.t5_n = 0;
-    if (p->t5_table) fs_t5_span(p, &a.t5_lneg, &a.t5_n); /* <= FS_SM90_T5_MAX: fs_attention_sm90_covers */
+    a.t5_lneg = a.t5_n = a.t5_row = 0;
+    a.t5_rows = NULL;
+    if (p->t5_table) { /* t5_n <= FS_SM90_T5_MAX: fs_attention_sm90_covers */
+        fs_t5_span(p, &a.t5_lneg, &a.t5_n);
+        a.t5_row = (a.t5_n + 2 * FS_SM90_T5_PAD + 3) / 4 * 4;
+    }
     const long long items = (long long)p->B * p->H * a.n_qtiles;
     if (items > 0x7fffffffLL - 2LL * sm_count) return cudaErrorInvalidConfiguration; /* claims count to items + grid */
     a.items = (int)items;
@@ -652,12 +666,24 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, p->H, nb, D, p->v_ss, p->v_sh, p->v_sb, BC);
     if (err == cudaSuccess) err = sm90_map(&mo, p->o, bf16, sq, p->H, nb, D, p->o_ss, p->o_sh, p->o_sb, 64);
     if (err == cudaSuccess) err = fs_kernel_prepare(kernel, &handle, SMEM, device);
+    /* workspace: the claim counters, then (T5) the expanded tables */
+    const int claims = sm90_claims(p, BR);
     void *ws = NULL;
-    if (err == cudaSuccess && sm90_claims(p, BR) && (err = fs_workspace_get(device, stream, FS_COUNTER_BYTES, &ws)) == cudaSuccess)
-        a.claims = static_cast<int *>(ws);
+    if (err == cudaSuccess && (claims || p->t5_table))
+        err = fs_workspace_get(device, stream, FS_COUNTER_BYTES + (size_t)p->H * a.t5_row * 4, &ws);
     if (err != cudaSuccess) return err;
+    if (claims) a.claims = static_cast<int *>(ws);
+    if (p->t5_table) {
+        static fs_kernel expand;
+        float *rows = reinterpret_cast<float *>(static_cast<unsigned char *>(ws) + FS_COUNTER_BYTES);
+        fs_attn_params pt = *p;
+        void *targs[] = {&pt, &a.t5_lneg, &a.t5_n, &a.t5_row, &rows};
+        err = fs_kernel_prepare((const void *)sm90_t5_expand, &expand, 0, device);
+        if (err == cudaSuccess) err = fs_launch(&expand, device, (unsigned)p->H, 256, 0, stream, targs);
+        a.t5_rows = rows;
+    }
     void *args[] = {&mq, &mk, &mv, &mo, &a};
-    err = fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
+    if (err == cudaSuccess) err = fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
     if (ws) {
         cudaError_t rerr = fs_workspace_release(stream, ws);
         if (err == cudaSuccess) err = rerr;

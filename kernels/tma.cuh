@@ -22,6 +22,11 @@ FS_DEV void mbar_expect_tx(uint64_t *bar, uint32_t tx)
 {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(tx) : "memory");
 }
+/* Add tx bytes the current phase must also see land, without arriving (before the phase's last arrival). */
+FS_DEV void mbar_add_tx(uint64_t *bar, uint32_t tx)
+{
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(tx) : "memory");
+}
 FS_DEV void mbar_arrive(uint64_t *bar)
 {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");

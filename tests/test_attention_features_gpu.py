@@ -384,3 +384,16 @@ def test_hopper_options(causal, dtype):
     out = poisoned(q)
     flashsci.attention(q, k, v, causal=causal, scale=1.0, t5_bias=(table, 32, 128, True), out=out)
     assert_close(out, ref64(q, k, v, 1.0, keep, dense)[0], torch_lowp(q, k, v, 1.0, keep, dense), "hopper t5")
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_hopper_t5_tables_across_items(d):
+    """Several work items per block of the sm90 kernel (on Hopper), each with another head's T5 table: the tables
+    land in two shared-memory slots in turn, so a table overwritten while still in use shows as a wrong bias."""
+    b, h, s = 4, 32, 576
+    q, k, v = rand(b, h, s, d) * 0.1, rand(b, h, s, d), rand(b, h, s, d)
+    table = torch.randn(h, 32, device="cuda") * 2
+    dense = t5_dense(table, s, s, 32, 128, True)
+    out = poisoned(q)
+    flashsci.attention(q, k, v, scale=1.0, t5_bias=(table, 32, 128, True), out=out)
+    assert_close(out, ref64(q, k, v, 1.0, None, dense)[0], torch_lowp(q, k, v, 1.0, None, dense), f"t5 across items, D = {d}")
