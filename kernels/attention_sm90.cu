@@ -88,6 +88,11 @@
  *       rounds, us: 2x16x8192 1881, 1877 -> 1797, 1854; 1x16x16384 3750, 3711 -> 3638, 3701; 8x32x1024 and
  *       16x16x1024 level within the machine's +-3%. The option kernel would spill with it (64 bytes) and keeps Q
  *       in shared memory.
+ *   v6.5 T5 tables expanded once per launch into the workspace (sm90_t5_expand, one block per head) and copied per
+ *       item by the producer with Q, completing on q_full, into one of two slots; before, each consumer warpgroup
+ *       built its table per item from the bucket table and global loads, and ncu's warp samples put 9% of ProtT5's
+ *       time at S = 512 there. H100, benchmarks/t5_cost.py, ProtT5's buckets, three rounds, us: 32x32x512 322, 318,
+ *       321 -> 300, 302, 298; 16x32x1024 559, 558, 562 -> 519, 517, 520; 8x32x2048 981, 980, 977 -> 958, 960, 976
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
