@@ -2,7 +2,9 @@
 protein-option kernel with no option doing anything (seqlens = full lengths) and with ProtT5's T5 bias, one launch
 each after a warm-up round (so --launch-skip 3 --launch-count 3):
     ncu --clock-control none --launch-skip 3 --launch-count 3 --section SpeedOfLight --section WarpStateStats \
-        -k regex:attention_fwd python benchmarks/profile_t5.py"""
+        -k regex:attention_fwd python benchmarks/profile_t5.py
+With --section SourceCounters and -o t5, the warp-state samples per SASS instruction come out of
+    ncu --import t5.ncu-rep --page source --csv --print-source sass"""
 import torch
 
 import flashsci
