@@ -120,7 +120,7 @@ template <> struct fs_sm90_tile<128, 128, 2> { enum { STAGES = 2, REGS = 240 }; 
 #define FS_SM90_WORK_BYTES 64 /* the work item the producer hands to the consumers (sm90_work) */
 
 /* shared memory: Q tile, K ring, V ring, an O staging tile per consumer warpgroup (1024-byte aligned), with the
- * protein options (FEAT) two T5 tables (the items' of alternate Q tiles), the mbarriers, the current work item;
+ * protein options (FEAT) two T5 tables (for the items of alternate Q tile loads), the mbarriers, the current work item;
  * plus 1 KiB alignment slack */
 template <int D, int BC, int NWG, bool FEAT> constexpr int sm90_smem()
 {
