@@ -26,8 +26,9 @@
  * into a swizzled staging tile, stored by TMA (which drops rows past Sq) while the next item starts.
  *
  * Scope: D = 64 and 128; of the protein options packed variable length, seqlens and the T5 bias (FEAT
- * instantiations: per-sequence offsets and lengths, the T5 table of the item's head in shared memory); no key
- * padding mask, additive bias or rotary, no KV split (the sm80 kernel takes the rest).
+ * instantiations: per-sequence offsets and lengths, the T5 table of the item's head in shared memory, expanded
+ * for every head by a small kernel ahead of the launch, sm90_t5_expand); no key padding mask, additive bias or
+ * rotary, no KV split (the sm80 kernel takes the rest).
  *
  * History (H200 fp16, TF/s on the S = 512 ... 16384 sweep, non-causal D = 64 / D = 128; FA2 = 250-299 /
  * 272-339, cuDNN 365-439 / 505-576):
