@@ -119,6 +119,7 @@ int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream);
 PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device);   /* dict: tiles, grid, waves */
 int fs_gpu_gemm(const fs_gemm_params *p, int device, uintptr_t stream);
 PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int device);         /* dict: kernel, tiles, grid */
+extern int fs_attention_force_sm80;                                      /* tests: skip the Hopper attention */
 extern int fs_gemm_force_sm80;                                           /* tests: skip the Hopper GEMM */
 extern int fs_gemm_force_bn;                                             /* tests: Hopper tile width, 0 = auto */
 

@@ -135,14 +135,17 @@ static int launch_begin(int device, const char *what, fs_gpu_props *props, int *
     return fs_gpu_device_enter(device, prev);
 }
 
-/* Launch attention on device, or with plan non-NULL describe the launch as a dict in *plan. */
+int fs_attention_force_sm80;
+
+/* Launch attention on device, or with plan non-NULL describe the launch as a dict in *plan. Hopper devices take the
+ * sm_90a kernel for the problems it covers (and tests have not forced the portable one). */
 static int attention_launch(const fs_attn_params *p, int device, uintptr_t stream, PyObject **plan)
 {
     fs_gpu_props props;
     int prev;
     if (launch_begin(device, "attention", &props, &prev) < 0) return -1;
     fs_sm80_plan pl;
-    const int hopper = props.major == 9 && fs_attention_sm90_covers(p, props.sm_count);
+    const int hopper = props.major == 9 && !fs_attention_force_sm80 && fs_attention_sm90_covers(p, props.sm_count);
     cudaError_t err = hopper ? fs_attention_sm90(p, device, props.sm_count, (cudaStream_t)stream, plan ? &pl : NULL)
                              : fs_attention_sm80(p, device, props.sm_count, (cudaStream_t)stream, plan ? &pl : NULL);
     fs_gpu_device_leave(prev, device);
@@ -224,6 +227,7 @@ void *fs_gpu_malloc_async(size_t b, uintptr_t s, int d) { (void)b; (void)s; (voi
 void fs_gpu_free_async(void *ptr, uintptr_t s, int d) { (void)ptr; (void)s; (void)d; }
 int fs_gpu_attention(const fs_attn_params *p, int d, uintptr_t s) { (void)p; (void)d; (void)s; return no_cuda(); }
 PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int d) { (void)p; (void)d; no_cuda(); return NULL; }
+int fs_attention_force_sm80;
 int fs_gemm_force_sm80, fs_gemm_force_bn;
 int fs_gpu_gemm(const fs_gemm_params *p, int d, uintptr_t s) { (void)p; (void)d; (void)s; return no_cuda(); }
 PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int d) { (void)p; (void)d; no_cuda(); return NULL; }

@@ -126,6 +126,19 @@ static PyObject *set_gemm_kernel(PyObject *module, PyObject *arg)
     return PyErr_Format(PyExc_ValueError, "%s, got %R", usage, arg);
 }
 
+/* _set_attention_kernel('auto' | 'sm80'): tests run the portable attention kernel on Hopper devices too. */
+static PyObject *set_attention_kernel(PyObject *module, PyObject *arg)
+{
+    static const char *usage = "_set_attention_kernel takes 'auto' or 'sm80'";
+    (void)module;
+    if (!PyUnicode_Check(arg)) return PyErr_Format(PyExc_TypeError, "%s", usage);
+    const char *s = PyUnicode_AsUTF8(arg);
+    if (!s) return NULL;
+    if (strcmp(s, "auto") && strcmp(s, "sm80")) return PyErr_Format(PyExc_ValueError, "%s, got %R", usage, arg);
+    fs_attention_force_sm80 = !strcmp(s, "sm80");
+    Py_RETURN_NONE;
+}
+
 /* build_info(): how this extension was built. */
 static PyObject *build_info(PyObject *module, PyObject *unused)
 {
@@ -158,6 +171,7 @@ static PyMethodDef module_methods[] = {
     {"build_info", build_info, METH_NOARGS, "How this extension was built."},
     {"_inspect", (PyCFunction)(void (*)(void))inspect_tensor, METH_FASTCALL, "What flashsci reads from an array object."},
     {"_gemm_plan", (PyCFunction)(void (*)(void))gemm_plan, METH_VARARGS | METH_KEYWORDS, "How a CUDA linear problem is launched."},
+    {"_set_attention_kernel", set_attention_kernel, METH_O, "Force the portable attention kernel ('sm80') or restore dispatch ('auto')."},
     {"_set_gemm_kernel", set_gemm_kernel, METH_O, "Force the portable GEMM kernel ('sm80'), a Hopper tile width ('sm90:BN') or restore dispatch ('auto')."},
     {"_launch_plan", (PyCFunction)(void (*)(void))launch_plan, METH_VARARGS | METH_KEYWORDS, "How a CUDA attention problem is launched."},
     {NULL, NULL, 0, NULL},

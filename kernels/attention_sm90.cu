@@ -740,6 +740,20 @@ static int strides_ok(int S, int H, int B, int64_t ss, int64_t sh, int64_t sb)
     const int64_t lim = 1LL << 39;
     return (S == 1 || (ss > 0 && ss < lim)) && (H == 1 || (sh > 0 && sh < lim)) && (B == 1 || (sb > 0 && sb < lim));
 }
+
+/* Whether the Hopper kernel beats the sm80 one on a problem of `items` work items. With one item per SM or more it
+ * does. With fewer, it runs each item's keys on one SM, where the sm80 kernel splits long key ranges over SMs, so
+ * it is taken only for self-attention-like shapes (Sq >= Sk / 2, Sk <= 4096: what was measured). There, at D = 128,
+ * it wins on every size measured from one head of 256 keys up (1.4-2.6x on the H100: the sm80 kernel's D = 128
+ * tiles are register-bound). At D = 64 the sm80 kernel wins while its KV groups spread a few heads over many SMs
+ * (the seed configs, (8, 8, 256) included); from two thirds of an item per SM and 512 keys the Hopper one does
+ * (1 x 8 x 2048: 47.9 -> 29.1 us, 2 x 8 x 1024: 25.9 -> 18.4, 1 x 32 x 512: 14.8 -> 13.1; NOTES.md, session 16). */
+static int sm90_pays(const fs_attn_params *p, long long items, int sm_count)
+{
+    if (items >= sm_count) return 1;
+    if (2LL * p->Sq < p->Sk || p->Sk > 4096) return 0;
+    return p->D == 128 || (3 * items >= 2LL * sm_count && p->Sk >= 512);
+}
 #endif
 
 extern "C" int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count)
@@ -755,7 +769,7 @@ extern "C" int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count)
            (!p->cu_seqlens_q || (p->total_q < INT32_MAX && p->total_k < INT32_MAX)) &&
            strides_ok(sq, p->H, nb, p->q_ss, p->q_sh, p->q_sb) && strides_ok(sk, p->H, nb, p->k_ss, p->k_sh, p->k_sb) &&
            strides_ok(sk, p->H, nb, p->v_ss, p->v_sh, p->v_sb) && strides_ok(sq, p->H, nb, p->o_ss, p->o_sh, p->o_sb) &&
-           (long long)p->B * p->H * ((p->Sq + br - 1) / br) >= sm_count;
+           sm90_pays(p, (long long)p->B * p->H * ((p->Sq + br - 1) / br), sm_count);
 #else
     (void)p; (void)sm_count;
     return 0;

@@ -266,6 +266,31 @@ def test_hopper_dispatch():
         assert plan["kernel"] == ("sm90" if hopper else "sm80")
         if hopper:
             assert plan["blocks"] == plan["sm_count"] and plan["waves"] <= 1.0
+    # fewer work items than SMs: the Hopper kernel for self-attention at D = 128 and for mid-size D = 64 problems;
+    # the sm80 one (KV groups / splits) for the small D = 64 seeds and for few queries on long keys
+    plan = flashsci._flashsci._launch_plan
+    for args, small_on_hopper in [((1, 1, 512, 512, 128), True), ((1, 8, 2048, 2048, 64), True),
+                                  ((8, 8, 256, 256, 64), False), ((1, 1, 512, 512, 64), False),
+                                  ((1, 1, 100, 4000, 128), False), ((1, 1, 8192, 8192, 128), False)]:
+        assert plan(*args)["kernel"] == ("sm90" if hopper and small_on_hopper else "sm80"), args
+
+
+def test_forced_portable_kernel():
+    """_set_attention_kernel('sm80') runs the portable kernel on Hopper too (tests of the sm80 paths), 'auto' restores
+    dispatch; anything else is refused."""
+    try:
+        flashsci._flashsci._set_attention_kernel("sm80")
+        assert flashsci._flashsci._launch_plan(8, 40, 1024, 1024, 64)["kernel"] == "sm80"
+        check(1, 8, 1000, 1000, 128, lse=True)
+        check(2, 8, 1024, 1024, 64, causal=True, dtype=torch.bfloat16)
+    finally:
+        flashsci._flashsci._set_attention_kernel("auto")
+    check(1, 8, 1000, 1000, 128, lse=True)
+    check(2, 8, 1024, 1024, 64, causal=True, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="_set_attention_kernel takes 'auto' or 'sm80', got 'sm90'"):
+        flashsci._flashsci._set_attention_kernel("sm90")
+    with pytest.raises(TypeError, match="_set_attention_kernel takes"):
+        flashsci._flashsci._set_attention_kernel(80)
 
 
 @pytest.mark.parametrize("d", [64, 128])
