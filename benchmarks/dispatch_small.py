@@ -1,0 +1,62 @@
+"""Problems with fewer work items than SMs on a Hopper GPU: flashsci as dispatched (sm90_pays in
+kernels/attention_sm90.cu), flashsci forced onto the portable sm80 kernel, and SDPA's cuDNN backend, timed in turns
+by CUDA-graph replay over input sets beyond L2 (as the recorded benchmark times). Writes a markdown table with the GPU
+name to --out.
+    python benchmarks/dispatch_small.py --out benchmarks/results"""
+import argparse
+import os
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashsci
+from flashsci.bench import _slug, _with_backend, attention_input_sets, graph_kernel_times_us
+
+F = torch.nn.functional
+SHAPES = [(1, 1, 256, 128, False), (1, 1, 1024, 128, False), (1, 8, 2048, 128, False), (2, 8, 1024, 128, False),
+          (1, 32, 512, 128, False), (1, 16, 1024, 128, True), (1, 8, 2048, 64, False), (2, 8, 1024, 64, False),
+          (1, 32, 512, 64, False), (1, 20, 1024, 64, False), (1, 20, 1024, 64, True), (1, 8, 1024, 64, False),
+          (8, 8, 256, 64, False), (1, 1, 512, 64, False)]
+
+
+def forced(kernel, fn):
+    """fn with flashsci's attention dispatch set to kernel ('sm80' or 'auto') while it runs (and is captured)."""
+    def call(*args):
+        flashsci._flashsci._set_attention_kernel(kernel)
+        try:
+            return fn(*args)
+        finally:
+            flashsci._flashsci._set_attention_kernel("auto")
+    return call
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    name = torch.cuda.get_device_name()
+    lines = [f"# flashsci attention below one work item per SM — {name}", "",
+             f"torch {torch.__version__}, float16, kernel times (µs) by CUDA-graph replay in turns, median.", "",
+             "| B×H×S×D | dispatched to | flashsci | flashsci on sm80 | cuDNN | × sm80 | × cuDNN |",
+             "|---|---|---|---|---|---|---|"]
+    for b, h, s, d, causal in SHAPES:
+        inputs = attention_input_sets(torch, b, h, s, d, torch.float16)
+        fs = lambda q, k, v: flashsci.attention(q, k, v, causal=causal)
+        cudnn = _with_backend(sdpa_kernel, SDPBackend.CUDNN_ATTENTION,
+                              lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+        t = graph_kernel_times_us(torch, {"fs": fs, "sm80": forced("sm80", fs), "cudnn": cudnn}, inputs)
+        kernel = flashsci._flashsci._launch_plan(b, h, s, s, d, causal)["kernel"]
+        shape = f"{b}×{h}×{s}×{d}{' causal' if causal else ''}"
+        lines.append(f"| {shape} | {kernel} | {t['fs']:.1f} | {t['sm80']:.1f} | {t['cudnn']:.1f} | "
+                     f"{t['sm80'] / t['fs']:.2f} | {t['cudnn'] / t['fs']:.2f} |")
+        print(lines[-1], flush=True)
+        del inputs
+    if args.out:
+        path = os.path.join(args.out, f"dispatch_small_{_slug(name)}_float16.md")
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
