@@ -1,5 +1,6 @@
 """A representative set of attention launches for compute-sanitizer (memcheck, racecheck):
-every head dim, both dtypes, tails, causal, bshd strides, KV groups, the split-KV + combine path, lse; then the
+every head dim, both dtypes, tails, causal, bshd strides, KV groups, the split-KV + combine path, the splits of a
+thread-block cluster (Hopper), lse; then the
 protein options (padding mask with tile skipping, seqlens, bias, T5, rotary, varlen incl. empty sequences; on
 both kernels);
 then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every epilogue).
@@ -16,6 +17,7 @@ CASES = [  # (B, H, Sq, Sk, D, causal, layout)
     (1, 2, 129, 200, 128, False, "bshd"), (1, 1, 50, 70, 256, True, "bhsd"),
     (1, 1, 40, 900, 64, False, "bhsd"), (1, 2, 100, 300, 32, True, "bshd"),   # 4 KV groups per block
     (1, 1, 40, 4500, 64, False, "bhsd"), (1, 1, 33, 1500, 128, True, "bhsd"),  # split-KV + combine (4, 1 groups)
+    (1, 1, 100, 1100, 64, False, "bhsd"), (2, 1, 70, 1500, 96, True, "bshd"),  # Hopper: splits in a cluster
     (2, 66, 130, 200, 128, True, "bhsd"), (2, 66, 200, 130, 128, False, "bshd"),  # sm90 (wgmma) on Hopper,
     (2, 66, 300, 333, 64, True, "bshd"), (2, 66, 257, 100, 64, False, "bhsd"),     # several items per block,
     (2, 66, 200, 700, 64, False, "bhsd"), (2, 66, 300, 130, 128, True, "bshd"),    # idle warpgroups (1 or 2)

@@ -147,15 +147,15 @@ static int attention_launch(const fs_attn_params *p, int device, uintptr_t strea
     fs_sm80_plan pl;
     const int hopper = props.major == 9 && !fs_attention_force_sm80 && fs_attention_sm90_covers(p, props.sm_count);
     cudaError_t err = hopper ? fs_attention_sm90(p, device, props.sm_count, (cudaStream_t)stream, plan ? &pl : NULL)
-                             : fs_attention_sm80(p, device, props.sm_count, (cudaStream_t)stream, plan ? &pl : NULL);
+                             : fs_attention_sm80(p, device, props.sm_count, props.major, (cudaStream_t)stream, plan ? &pl : NULL);
     fs_gpu_device_leave(prev, device);
     if (err != cudaSuccess) return cuda_fail(err, plan ? "attention launch plan" : "attention kernel launch");
     if (plan) {
         const double waves = pl.blocks_per_sm ? (double)pl.blocks / ((double)pl.blocks_per_sm * props.sm_count) : 0.0;
-        *plan = Py_BuildValue("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:i,s:d}", "kernel", hopper ? "sm90" : "sm80",
+        *plan = Py_BuildValue("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:i,s:d}", "kernel", hopper ? "sm90" : "sm80",
                               "variant", pl.small ? "small" : "big", "kv_groups", pl.kv_groups,
                               "Br", pl.br, "Bc", pl.bc, "threads", pl.threads, "smem", pl.smem, "q_tiles", pl.n_qtiles,
-                              "kv_splits", pl.n_splits, "blocks", pl.blocks, "blocks_per_sm", pl.blocks_per_sm,
+                              "kv_splits", pl.n_splits, "cluster", pl.cluster, "blocks", pl.blocks, "blocks_per_sm", pl.blocks_per_sm,
                               "sm_count", props.sm_count, "waves", waves);
         if (!*plan) return -1;
     }

@@ -10,16 +10,19 @@
 extern "C" {
 #endif
 
-/* How a problem is launched: tile variant, grid, KV splits and resident blocks per SM. */
+/* How a problem is launched: tile variant, grid, KV splits (cluster: those of a query tile form a thread-block
+ * cluster) and resident blocks per SM. */
 typedef struct {
     int small, kv_groups, br, bc, threads, smem, n_qtiles, n_splits, blocks_per_sm;
     long long blocks;
+    int cluster;
 } fs_sm80_plan;
 
 /* Launch tensor-core flash attention (sm_80+, fp16/bf16, D in {32, 64, 96, 128, 256}) on stream; device
- * is the current device. sm_count sizes the grid (KV splits for small problems). With plan non-NULL
- * nothing is launched: the plan is filled instead. Returns the launch's error code. */
-cudaError_t fs_attention_sm80(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan);
+ * is the current device, of compute capability major.x. sm_count sizes the grid (KV splits for small problems).
+ * With plan non-NULL nothing is launched: the plan is filled instead. Returns the launch's error code. */
+cudaError_t fs_attention_sm80(const fs_attn_params *p, int device, int sm_count, int major, cudaStream_t stream,
+                              fs_sm80_plan *plan);
 
 /* Whether the Hopper kernel (sm_90a, wgmma) takes this problem on an sm_90 device with sm_count SMs: built
  * for 90a, fp16/bf16, D = 64 or 128, no key padding mask, bias or rotary (packed sequences, seqlens and T5 are

@@ -13,9 +13,10 @@
  * Pipeline per KV tile (single K and V buffers, cp.async):
  *   wait K_j; sync; issue V_j; S = Q K_j^T; mask; softmax; wait V_j; sync; issue K_{j+1}; O += P V_j
  * Small problems: 64-row query tiles; at D <= 64, when every block has an SM to itself, 4 KV groups of 4 warps
- * per block each take every 4th key tile and merge through shared memory at the end; long key ranges on few
- * blocks split the KV range over blocks, the last block of a query tile merging the partial results by their
- * logsumexp.
+ * per block each take every 4th key tile and merge through shared memory at the end; on Hopper, query tiles of
+ * 16-32 key tiles split their keys over the blocks of a thread-block cluster, merged through distributed shared
+ * memory; longer key ranges on few blocks split the KV range over blocks, the last block of a query tile merging the
+ * partial results by their logsumexp.
  *
  * History (H200 fp16, TF/s at D=64 / D=128 on long sequences, FA2 = 298 / 337; benchmarks/NOTES.md):
  *   v1  16 rows per warp, 2 barriers per tile, single K/V buffers             200 / 208
@@ -27,6 +28,9 @@
  *       unchanged. FEAT at D<=64 uses Bc=64 (Bc=128 spills): varlen 261 TF/s at 4 x 4096 tokens
  *   v8  4 KV groups per block on problems that leave most SMs idle (D <= 64; 128 registers, 28 bytes of
  *       spills reloaded once per tile): (1,1,512) 10.8 -> 8.8 us, (1,1,256) 6.6 -> 6.2 us (FA2 8.7, 7.6)
+ *   v9  Hopper: KV splits in a thread-block cluster, merged by split 0 through distributed shared memory, for
+ *       16-32 key tiles (choose_cluster). H100: 1x1x1024x64 14.5 -> 11.3 us, causal 14.4 -> 10.6, 1x1x2048x64
+ *       25.8 -> 17.5 (cuDNN 13.6, 13.9, 22.5); on fewer key tiles the cluster costs more than it saves
  *
  * Protein options (FEAT): a key padding mask is scanned once per block into a shared list of the KV tiles
  * that hold a kept key (with a "partly padded" bit), so all-padding tiles are never loaded; the T5 bias
@@ -92,6 +96,7 @@ template <> struct fs_tile_for<64, FS_BIG, true> : fs_cfg<4, 2, 64, 3, 0> {};
 template <int D> struct fs_pitch { enum { VALUE = D < 64 ? 64 : (D + 63) / 64 * 64 }; };
 
 #define FS_MAX_SPLITS 16
+#define FS_MAX_CLUSTER 8 /* blocks of a thread-block cluster (the portable limit) */
 #define FS_LIST_MAX 4096 /* KV tiles a key padding mask can compact in shared memory */
 #define FS_EXT_MAX (4 * FS_CUDA_T5_MAX + 4 * FS_LIST_MAX + 4 * 128 + 64) /* FEAT extras, bytes */
 
@@ -100,6 +105,8 @@ typedef struct {
     fs_attn_params p;
     float scale_log2;  /* scale * log2(e) */
     int n_qtiles, n_splits;
+    int cluster;       /* 1: the n_splits blocks of a query tile are a thread-block cluster (consecutive blocks), split 0
+                          merging through distributed shared memory; 0: the last split to finish merges through o_part */
     float *o_part;     /* [splits][B*H][Sq][D], each split normalised by its own l */
     float *lse_part;   /* [splits][B*H][Sq], natural log */
     int *counters;     /* [B*H][n_qtiles] finished splits per query tile, zero between launches */
@@ -183,6 +190,47 @@ FS_DEV void rotate_tile_pairs(T *tile, int pos0, int valid, const float *inv_fre
     }
 }
 
+/* Partial results of the same query rows over disjoint keys (a block's KV groups, a cluster's splits) merge thread by
+ * thread in fragment order, through parts of FR = 4 MT NO + 4 MT floats per thread (O, then m, then l), GT threads
+ * apart:  m = max_g m_g;  l = sum_g exp2(m_g - m) l_g;  O = sum_g exp2(m_g - m) O_g.  l and O are still per-thread
+ * partial sums over the thread's columns, which the merge keeps. This thread's (O, m, l) into the part at dst: */
+template <int MT, int NO, int GT>
+FS_DEV_T void store_part(float *dst, const float (&acc_o)[MT][NO][4], const float (&m_i)[MT][2], const float (&l_i)[MT][2])
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dst[((mt * NO + n) * 4 + e) * GT] = acc_o[mt][n][e];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            dst[(4 * MT * NO + 2 * mt + r) * GT] = m_i[mt][r];
+            dst[(4 * MT * NO + 2 * MT + 2 * mt + r) * GT] = l_i[mt][r];
+        }
+    }
+}
+/* ... and the part at src merged into this thread's (O, m, l). */
+template <int MT, int NO, int GT>
+FS_DEV_T void merge_part(const float *src, float (&acc_o)[MT][NO][4], float (&m_i)[MT][2], float (&l_i)[MT][2])
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float m_o = src[(4 * MT * NO + 2 * mt + r) * GT], l_o = src[(4 * MT * NO + 2 * MT + 2 * mt + r) * GT];
+            const float m_new = fmaxf(m_i[mt][r], m_o), m_use = m_new == -INFINITY ? 0.f : m_new;
+            const float w_self = exp2_approx(m_i[mt][r] - m_use), w_o = exp2_approx(m_o - m_use);
+            m_i[mt][r] = m_new;
+            l_i[mt][r] = l_i[mt][r] * w_self + l_o * w_o;
+#pragma unroll
+            for (int n = 0; n < NO; n++)
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+                    acc_o[mt][n][2 * r + c] = acc_o[mt][n][2 * r + c] * w_self + src[((mt * NO + n) * 4 + 2 * r + c) * GT] * w_o;
+        }
+}
+
 /* threads per block of a variant: WARPS per KV group */
 template <int D, int V, bool FEAT> struct fs_block {
     enum { THREADS = 32 * fs_tile_for<D, V, FEAT>::WARPS * fs_tile_for<D, V, FEAT>::KVG };
@@ -198,6 +246,7 @@ __global__ void __launch_bounds__(fs_block<D, V, FEAT>::THREADS) attention_fwd_s
     static_assert(!FEAT || G == 1, "the protein options run with one KV group");
     constexpr int PITCH = fs_pitch<D>::VALUE, KD = D / 16, NS = BC / 8, NO = D / 8;
     constexpr bool Q_IN_REGS = tile::Q_IN_REGS;
+    constexpr bool CLUSTER = V == FS_SMALL && !FEAT; /* the variant launched in clusters (launch, choose_cluster) */
     extern __shared__ __align__(128) unsigned char smem[];
     T *sQ = reinterpret_cast<T *>(smem), *sKV = sQ + BR * PITCH; /* ring: stage s holds BCS keys of K, then of V */
     unsigned char *ext = reinterpret_cast<unsigned char *>(sKV + 2 * BCS * PITCH * STAGES); /* FEAT extras */
@@ -206,12 +255,15 @@ __global__ void __launch_bounds__(fs_block<D, V, FEAT>::THREADS) attention_fwd_s
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int warp = G == 1 ? tid >> 5 : (tid >> 5) % WARPS, kg = G == 1 ? 0 : (tid >> 5) / WARPS; /* row warp; KV group */
 
-    /* block -> (query tile, split, batch*head); query tile fastest so one head's blocks share K/V in L2,
-     * heaviest causal tiles first */
+    /* block -> (query tile, split, batch*head); query tile fastest so one head's blocks share K/V in L2 (a
+     * cluster's splits before it), heaviest causal tiles first */
+    const bool in_cluster = CLUSTER && a.cluster;
     int bid = blockIdx.x;
+    const int c_split = bid % a.n_splits;
+    if (in_cluster) bid /= a.n_splits;
     int qt = bid % a.n_qtiles;
     bid /= a.n_qtiles;
-    const int split = bid % a.n_splits, bh = bid / a.n_splits, b = bh / p.H, h = bh % p.H;
+    const int split = in_cluster ? c_split : bid % a.n_splits, bh = in_cluster ? bid : bid / a.n_splits, b = bh / p.H, h = bh % p.H;
     if (p.causal) qt = a.n_qtiles - 1 - qt;
     const int q0 = qt * BR;
 
@@ -502,50 +554,34 @@ __global__ void __launch_bounds__(fs_block<D, V, FEAT>::THREADS) attention_fwd_s
     cp_async_wait<0>();
     if (FEAT && t_begin >= t_end) __syncthreads(); /* no tile visited: other warps' Q copies into our rows landed */
 
-    if (G > 1) {
-        /* merge the groups' rows (same queries, disjoint keys) into group 0 through the idle ring, thread by
-         * thread in fragment order: m = max_g m_g;  l = sum_g exp2(m_g - m) l_g;  O = sum_g exp2(m_g - m) O_g.
-         * l and O are still per-thread partial sums over the thread's columns, which the merge keeps. */
-        constexpr int GT = WARPS * 32, FR = 4 * MT * NO + 4 * MT; /* threads per group; floats per thread */
-        static_assert((size_t)(G - 1) * GT * FR * 4 <= (size_t)2 * BCS * PITCH * STAGES * sizeof(T), "merge fits the ring");
+    constexpr int GT = WARPS * 32, FR = 4 * MT * NO + 4 * MT; /* threads per group; floats per thread (store_part) */
+    constexpr size_t RING_BYTES = (size_t)2 * BCS * PITCH * STAGES * sizeof(T);
+    if (G > 1) { /* the groups' rows merge into group 0 through the idle ring */
+        static_assert((size_t)(G - 1) * GT * FR * 4 <= RING_BYTES, "merge fits the ring");
         float *part = reinterpret_cast<float *>(sKV) + tid % GT;
         __syncthreads(); /* every group is done with the ring */
-        if (kg > 0) {
-            float *dst = part + (kg - 1) * GT * FR;
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-                for (int n = 0; n < NO; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) dst[((mt * NO + n) * 4 + e) * GT] = acc_o[mt][n][e];
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    dst[(4 * MT * NO + 2 * mt + r) * GT] = m_i[mt][r];
-                    dst[(4 * MT * NO + 2 * MT + 2 * mt + r) * GT] = l_i[mt][r];
-                }
-            }
-        }
+        if (kg > 0) store_part<MT, NO, GT>(part + (kg - 1) * GT * FR, acc_o, m_i, l_i);
         __syncthreads();
         if (kg == 0)
-            for (int og = 0; og < G - 1; og++) {
-                const float *src = part + og * GT * FR;
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int r = 0; r < 2; r++) {
-                        const float m_o = src[(4 * MT * NO + 2 * mt + r) * GT], l_o = src[(4 * MT * NO + 2 * MT + 2 * mt + r) * GT];
-                        const float m_new = fmaxf(m_i[mt][r], m_o), m_use = m_new == -INFINITY ? 0.f : m_new;
-                        const float w_self = exp2_approx(m_i[mt][r] - m_use), w_o = exp2_approx(m_o - m_use);
-                        m_i[mt][r] = m_new;
-                        l_i[mt][r] = l_i[mt][r] * w_self + l_o * w_o;
-#pragma unroll
-                        for (int n = 0; n < NO; n++)
-#pragma unroll
-                            for (int c = 0; c < 2; c++)
-                                acc_o[mt][n][2 * r + c] = acc_o[mt][n][2 * r + c] * w_self + src[((mt * NO + n) * 4 + 2 * r + c) * GT] * w_o;
-                    }
-            }
+            for (int og = 0; og < G - 1; og++) merge_part<MT, NO, GT>(part + og * GT * FR, acc_o, m_i, l_i);
     }
+#if __CUDA_ARCH__ >= 900
+    if constexpr (CLUSTER) {
+        static_assert(G == 1 && (size_t)GT * FR * 4 <= RING_BYTES, "a cluster's part fits the ring");
+        if (in_cluster) { /* the cluster's splits merge into split 0, which reads their parts from their idle rings */
+            float *part = reinterpret_cast<float *>(sKV) + tid;
+            __syncthreads(); /* every warp is done with the ring */
+            store_part<MT, NO, GT>(part, acc_o, m_i, l_i);
+            cluster_sync();
+            if (split == 0) /* in turn: measured 1.1-1.3 us faster than all splits' loads of a fragment at once */
+                for (int peer = 1; peer < a.n_splits; peer++) merge_part<MT, NO, GT>(cluster_peer(part, peer), acc_o, m_i, l_i);
+            cluster_sync(); /* the other splits' shared memory stays until split 0 has read it */
+            if (split != 0) return;
+        }
+    }
+#else
+    if (in_cluster) __trap(); /* never launched so: clusters are used with this build's sm_90a code only */
+#endif
 
     /* l_i is summed over the four lanes that share a row; O_i / l_i; lse = (m_i + log2 l_i) ln 2. A row with
      * no kept key (l = 0), or past its sequence's length, is written as zeros with lse -inf. */
@@ -565,7 +601,7 @@ __global__ void __launch_bounds__(fs_block<D, V, FEAT>::THREADS) attention_fwd_s
     T *gO = static_cast<T *>(p.o) + b * p.o_sb + h * p.o_sh + seq.qo * p.o_ss;
     float *gL = p.lse ? static_cast<float *>(p.lse) + b * p.lse_sb + h * p.lse_sh + seq.qo : NULL;
 
-    if (a.n_splits > 1) {
+    if (a.n_splits > 1 && !in_cluster) {
         /* partial result of this split, fp32 from group 0's registers, normalised by its own l */
         const int64_t rows_all = (int64_t)p.B * p.H * p.Sq;
         float *op = a.o_part + ((int64_t)split * rows_all + bh_row) * D;
@@ -696,7 +732,8 @@ static int plan_extras(const fs_attn_params *p, fs_sm80_args *a)
 /* Launch one tile variant (grid = query tiles x KV splits x batch*heads, flattened), or only describe it.
  * FEAT: the kernel with the protein options (packing, padding, bias, T5, rotary). */
 template <int D, typename T, int V, bool FEAT>
-static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int device, cudaStream_t stream, fs_sm80_plan *plan)
+static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int device, int cluster, cudaStream_t stream,
+                                  fs_sm80_plan *plan)
 {
     using tile = fs_tile_for<D, V, FEAT>;
     constexpr int BR = 16 * tile::MT * tile::WARPS, BC = tile::BC, BCS = BC * tile::KVG;
@@ -712,7 +749,8 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
     a.scale_log2 = (float)(p->scale * 1.4426950408889634);
     a.n_qtiles = (p->Sq + BR - 1) / BR;
     const long long bh = (long long)p->B * p->H, blocks = bh * a.n_qtiles;
-    a.n_splits = choose_splits(blocks, (p->Sk + BCS - 1) / BCS, sm_count);
+    a.cluster = cluster > 1;
+    a.n_splits = a.cluster ? cluster : choose_splits(blocks, (p->Sk + BCS - 1) / BCS, sm_count);
     a.o_part = a.lse_part = NULL;
     a.counters = NULL;
     const int smem = RING + (FEAT ? plan_extras<D, BC>(p, &a) : 0);
@@ -726,11 +764,12 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
         plan->smem = smem;
         plan->n_qtiles = a.n_qtiles;
         plan->n_splits = a.n_splits;
+        plan->cluster = a.cluster;
         plan->blocks = blocks * a.n_splits;
         return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&plan->blocks_per_sm, kernel, THREADS, smem);
     }
     void *ws = NULL;
-    if (a.n_splits > 1) {
+    if (a.n_splits > 1 && !a.cluster) {
         const size_t rows = (size_t)bh * p->Sq * a.n_splits;
         if ((err = fs_workspace_get(device, stream, FS_COUNTER_BYTES + rows * (D + 1) * sizeof(float), &ws)) != cudaSuccess)
             return err;
@@ -739,7 +778,8 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
         a.lse_part = a.o_part + rows * D;
     }
     void *args[] = {&a};
-    err = fs_launch(&handle, device, (unsigned)(blocks * a.n_splits), THREADS, smem, stream, args);
+    err = a.cluster ? fs_launch_cluster(&handle, device, (unsigned)(blocks * a.n_splits), THREADS, smem, a.n_splits, stream, args)
+                    : fs_launch(&handle, device, (unsigned)(blocks * a.n_splits), THREADS, smem, stream, args);
     if (ws) {
         cudaError_t rerr = fs_workspace_release(stream, ws);
         if (err == cudaSuccess) err = rerr;
@@ -747,42 +787,66 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
     return err;
 }
 
-/* Big tiles when they fill the SMs, else 64-row tiles; at D <= 64 without protein options, 4 KV groups when
- * every block gets an SM of its own and the keys span 3+ tiles (H200: (1,1,512) 10.8 -> 8.8 us; 2 groups at
- * two blocks per SM were slower on (8,8,256), 8.9 -> 9.2-9.6 us: there the loads, not the chains, bound it). */
+/* Thread-block clusters (Hopper, with this build's sm_90a code): when the query tiles leave at least half the SMs
+ * idle and span 16-32 key tiles each, up to FS_MAX_CLUSTER blocks split each tile's keys (two tiles each at least) and
+ * merge through distributed shared memory. H100, D = 64, us: 1x1x1024 14.5 -> 11.3, 1x1x2048 25.8 -> 17.5; on fewer
+ * key tiles the cluster's cost outweighs the split (1x1x512 9.0 -> 8.7-8.9, 1x1x128 4.4 -> 5.3, 4x8x128 4.9 -> 6.2,
+ * 1x4x512 at D = 32 6.4 -> 7.2); longer key ranges keep the splits merged through global memory (choose_splits).
+ * Returns the cluster size, or 0. */
+#define FS_CLUSTER_TILES_MIN 16
+#define FS_CLUSTER_TILES_MAX 32
+static int choose_cluster(long long blocks, int n_kv, int sm_count, int major)
+{
+#ifdef FLASHSCI_SM90A
+    if (major != 9 || blocks < 1 || 2 * blocks > sm_count || n_kv < FS_CLUSTER_TILES_MIN || n_kv > FS_CLUSTER_TILES_MAX) return 0;
+    const long long c = sm_count / blocks < FS_MAX_CLUSTER ? sm_count / blocks : FS_MAX_CLUSTER;
+    return (int)(c < n_kv / 2 ? c : n_kv / 2);
+#else
+    (void)blocks; (void)n_kv; (void)sm_count; (void)major;
+    return 0;
+#endif
+}
+
+/* Big tiles when they fill the SMs, else 64-row tiles: split over clusters where they pay (choose_cluster); else at
+ * D <= 64 without protein options, 4 KV groups when every block gets an SM of its own and the keys span 3+ tiles
+ * (H200: (1,1,512) 10.8 -> 8.8 us; 2 groups at two blocks per SM were slower on (8,8,256), 8.9 -> 9.2-9.6 us: there
+ * the loads, not the chains, bound it). */
 template <int D, typename T>
-static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan)
+static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, int major, cudaStream_t stream, fs_sm80_plan *plan)
 {
     constexpr int BR = 16 * fs_tile<D, FS_BIG>::MT * fs_tile<D, FS_BIG>::WARPS, SBR = 16 * fs_tile<D, FS_SMALL>::WARPS;
     constexpr int SBC = fs_tile<D, FS_SMALL>::BC;
     const bool feat = p->cu_seqlens_q || p->kpm || p->seqlens || p->bias || p->t5_table || p->rotary;
-    const long long bh = (long long)p->B * p->H;
+    const long long bh = (long long)p->B * p->H, small_blocks = bh * ((p->Sq + SBR - 1) / SBR);
     if (bh * ((p->Sq + BR - 1) / BR) >= sm_count)
-        return feat ? launch_variant<D, T, FS_BIG, true>(p, sm_count, device, stream, plan)
-                    : launch_variant<D, T, FS_BIG, false>(p, sm_count, device, stream, plan);
-    if (feat) return launch_variant<D, T, FS_SMALL, true>(p, sm_count, device, stream, plan);
-    if (D <= 64 && p->Sk > 2 * SBC && bh * ((p->Sq + SBR - 1) / SBR) <= sm_count)
-        return launch_variant<D, T, D <= 64 ? FS_SMALL_G4 : FS_SMALL, false>(p, sm_count, device, stream, plan);
-    return launch_variant<D, T, FS_SMALL, false>(p, sm_count, device, stream, plan);
+        return feat ? launch_variant<D, T, FS_BIG, true>(p, sm_count, device, 0, stream, plan)
+                    : launch_variant<D, T, FS_BIG, false>(p, sm_count, device, 0, stream, plan);
+    if (feat) return launch_variant<D, T, FS_SMALL, true>(p, sm_count, device, 0, stream, plan);
+    const int cluster = choose_cluster(small_blocks, (p->Sk + SBC - 1) / SBC, sm_count, major);
+    if (cluster) return launch_variant<D, T, FS_SMALL, false>(p, sm_count, device, cluster, stream, plan);
+    if (D <= 64 && p->Sk > 2 * SBC && small_blocks <= sm_count)
+        return launch_variant<D, T, D <= 64 ? FS_SMALL_G4 : FS_SMALL, false>(p, sm_count, device, 0, stream, plan);
+    return launch_variant<D, T, FS_SMALL, false>(p, sm_count, device, 0, stream, plan);
 }
 
 template <typename T>
-static cudaError_t launch_dtype(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan)
+static cudaError_t launch_dtype(const fs_attn_params *p, int device, int sm_count, int major, cudaStream_t stream,
+                                fs_sm80_plan *plan)
 {
     switch (p->D) {
-    case 32: return launch<32, T>(p, device, sm_count, stream, plan);
-    case 64: return launch<64, T>(p, device, sm_count, stream, plan);
-    case 96: return launch<96, T>(p, device, sm_count, stream, plan);
-    case 128: return launch<128, T>(p, device, sm_count, stream, plan);
-    case 256: return launch<256, T>(p, device, sm_count, stream, plan);
+    case 32: return launch<32, T>(p, device, sm_count, major, stream, plan);
+    case 64: return launch<64, T>(p, device, sm_count, major, stream, plan);
+    case 96: return launch<96, T>(p, device, sm_count, major, stream, plan);
+    case 128: return launch<128, T>(p, device, sm_count, major, stream, plan);
+    case 256: return launch<256, T>(p, device, sm_count, major, stream, plan);
     default: return cudaErrorInvalidValue;
     }
 }
 
-extern "C" cudaError_t fs_attention_sm80(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream,
+extern "C" cudaError_t fs_attention_sm80(const fs_attn_params *p, int device, int sm_count, int major, cudaStream_t stream,
                                          fs_sm80_plan *plan)
 {
-    if (p->dtype == FS_F16) return launch_dtype<__half>(p, device, sm_count, stream, plan);
-    if (p->dtype == FS_BF16) return launch_dtype<__nv_bfloat16>(p, device, sm_count, stream, plan);
+    if (p->dtype == FS_F16) return launch_dtype<__half>(p, device, sm_count, major, stream, plan);
+    if (p->dtype == FS_BF16) return launch_dtype<__nv_bfloat16>(p, device, sm_count, major, stream, plan);
     return cudaErrorInvalidValue;
 }

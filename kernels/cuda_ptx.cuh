@@ -12,6 +12,22 @@
 #define FS_DEV static __device__ __forceinline__
 #define FS_DEV_T __device__ __forceinline__ /* templates and their specialisations: no storage class */
 
+#if __CUDA_ARCH__ >= 900
+/* Every thread of the thread-block cluster waits for all of them: shared-memory writes before it are visible to the
+ * cluster's blocks after it. */
+FS_DEV void cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+/* The generic address of *p (this block's shared memory) in the shared memory of the cluster's block `rank`. */
+FS_DEV const float *cluster_peer(const float *p, int rank)
+{
+    uint64_t out;
+    asm("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(p), "r"(rank));
+    return reinterpret_cast<const float *>(out);
+}
+#endif
+
 /* Shared-memory address (32-bit) of a generic pointer into shared memory. */
 FS_DEV uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 

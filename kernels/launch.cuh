@@ -1,12 +1,13 @@
 /* Host-side kernel launch shared by the CUDA launchers: the dynamic shared-memory limit is raised and the
  * driver's function handle fetched once per kernel and device, then every launch goes straight to the
- * driver's cuLaunchKernel (benchmarks/launch_cost.cu: the runtime's cudaLaunchKernel looks the function up
- * again on every call). */
+ * driver's cuLaunchKernel, or cuLaunchKernelEx for thread-block clusters (benchmarks/launch_cost.cu: the runtime's
+ * cudaLaunchKernel looks the function up again on every call). */
 #ifndef FLASHSCI_LAUNCH_CUH
 #define FLASHSCI_LAUNCH_CUH
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <string.h>
 
 #define FS_LAUNCH_DEVICES 64
 
@@ -15,6 +16,7 @@ typedef struct { CUfunction fn[FS_LAUNCH_DEVICES]; } fs_kernel;
 
 typedef CUresult (*fs_cu_launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                     CUstream, void **, void **);
+typedef CUresult (*fs_cu_launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
 
 /* A driver API function through the runtime's entry point (no link against libcuda); NULL if missing. */
 static inline void *fs_driver_fn(const char *name)
@@ -30,6 +32,14 @@ static inline fs_cu_launch_fn fs_cu_launch(void)
 {
     static fs_cu_launch_fn fn;
     if (!fn) fn = (fs_cu_launch_fn)fs_driver_fn("cuLaunchKernel");
+    return fn;
+}
+
+/* cuLaunchKernelEx, fetched once. */
+static inline fs_cu_launch_ex_fn fs_cu_launch_ex(void)
+{
+    static fs_cu_launch_ex_fn fn;
+    if (!fn) fn = (fs_cu_launch_ex_fn)fs_driver_fn("cuLaunchKernelEx");
     return fn;
 }
 
@@ -57,6 +67,29 @@ static inline cudaError_t fs_launch(const fs_kernel *k, int device, unsigned gri
     fs_cu_launch_fn launch = fs_cu_launch();
     if (!launch) return cudaErrorInitializationError;
     return (cudaError_t)launch(k->fn[device], grid, 1, 1, threads, 1, 1, (unsigned)smem, (CUstream)stream, args, NULL);
+}
+
+/* fs_launch in thread-block clusters of `cluster` consecutive blocks (compute capability 9.0 on; grid a multiple). */
+static inline cudaError_t fs_launch_cluster(const fs_kernel *k, int device, unsigned grid, unsigned threads, int smem,
+                                            unsigned cluster, cudaStream_t stream, void **args)
+{
+    fs_cu_launch_ex_fn launch = fs_cu_launch_ex();
+    if (!launch) return cudaErrorInitializationError;
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = cluster;
+    attr.value.clusterDim.y = attr.value.clusterDim.z = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = grid;
+    cfg.gridDimY = cfg.gridDimZ = cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.blockDimX = threads;
+    cfg.sharedMemBytes = (unsigned)smem;
+    cfg.hStream = (CUstream)stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    return (cudaError_t)launch(&cfg, k->fn[device], args, NULL);
 }
 
 #endif

@@ -98,6 +98,24 @@ def test_kv_group_variant(d):
     check(1, 2, 40, 3000, d, lse=True)  # 4 groups and KV splits across blocks together
 
 
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
+def test_cluster_split(d):
+    """On Hopper, query tiles that leave most SMs idle and span 16-32 key tiles split their keys over a thread-block
+    cluster, merged through distributed shared memory (empty splits included: causal, Sq < Sk); elsewhere the same
+    problems run unsplit or with KV groups."""
+    major, _ = torch.cuda.get_device_capability()
+    hopper = major == 9 and "90a" in flashsci.build_info()["cuda_architectures"]
+    sk = 1024 if d != 256 else 512  # 16 key tiles (Bc = 32 at D = 256)
+    plan = flashsci._flashsci._launch_plan(1, 1, 100, sk, d)
+    assert plan["kernel"] == "sm80" and plan["cluster"] == hopper
+    if hopper:
+        assert plan["kv_splits"] == 8 and plan["blocks"] == 2 * 8
+    assert flashsci._flashsci._launch_plan(1, 1, 100, 4 * sk, d)["cluster"] == 0  # long keys: splits via global memory
+    check(1, 1, 100, sk, d, lse=True)
+    check(1, 2, 130, 2 * sk - 37, d, causal=True, lse=True, dtype=torch.bfloat16)
+    check(2, 2, 150, sk + 77, d, layout="bshd", strided=True, scale=0.3)
+
+
 def test_agrees_with_cpu_path():
     q, k, v = (torch.randn(2, 3, 150, 64, dtype=torch.float16) for _ in range(3))
     cpu = flashsci.attention(q, k, v, causal=True).double()
