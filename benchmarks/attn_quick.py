@@ -4,7 +4,8 @@ replay over input sets that together exceed L2, the two taking turns, median). W
 query tiles (B, H, Sq = 8, 18, 1024) against Sk = 512 ... 4096 keys (CUDA events on warm inputs), and the
 straight-line fit time = rounds x (a + b Sk / 128): a is the cost per work item outside the key loop (Q load,
 first S and last P V alone, O store), b the cost per 128 keys (gemm_quick.py does the same for the GEMM).
-    python benchmarks/attn_quick.py [--dtype bfloat16] [--head-dim 64] [--shape 1,16,16384,128[,causal]] [--kv-sweep]"""
+    python benchmarks/attn_quick.py [--dtype bfloat16] [--head-dim 64] [--shape 1,16,16384,128[,causal]] [--kv-sweep]
+A shape's S may be Sq:Sk (1,1,100:1024,128); a shape cuDNN does not take prints '-' for it."""
 import argparse
 
 import torch
@@ -30,7 +31,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--head-dim", type=int, help="only the configs of this head dim")
-    ap.add_argument("--shape", action="append", help="B,H,S,D[,causal] instead of the built-in configs (repeatable)")
+    ap.add_argument("--shape", action="append", help="B,H,S[:Sk],D[,causal] instead of the built-in configs (repeatable)")
     ap.add_argument("--kv-sweep", action="store_true", help="the per-item / per-key-tile split instead")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -38,26 +39,31 @@ def main():
         return kv_sweep(dtype, args.head_dim or 64)
     print(f"{torch.cuda.get_device_name()}  {dtype}\n{'config':>26} {'fs us':>8} {'cudnn':>8} "
           f"{'fs TF/s':>8} {'x cudnn':>9} {'max diff':>9}")
-    configs = [parse_shape(x) for x in args.shape] if args.shape else CONFIGS
-    for b, h, s, d, causal in configs:
+    configs = [parse_shape(x) for x in args.shape] if args.shape else [(b, h, s, s, d, c) for b, h, s, d, c in CONFIGS]
+    for b, h, sq, sk, d, causal in configs:
         if args.head_dim and d != args.head_dim:
             continue
-        inputs = attention_input_sets(torch, b, h, s, d, dtype)
+        inputs = attention_input_sets(torch, b, h, sq, d, dtype, sk=sk)
         fs = lambda q, k, v: flashsci.attention(q, k, v, causal=causal)
         cudnn = _with_backend(sdpa_kernel, SDPBackend.CUDNN_ATTENTION,
                               lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-        times = graph_kernel_times_us(torch, {"fs": fs, "cudnn": cudnn}, inputs)
-        diff = (fs(*inputs[0]).float() - cudnn(*inputs[0]).float()).abs().max().item()
-        tflops = 4 * b * h * s * s * d / (2 if causal else 1) / times["fs"] / 1e6
-        print(f"{f'{b}x{h}x{s}x{d}' + (' causal' if causal else ''):>26} {times['fs']:8.1f} {times['cudnn']:8.1f} "
-              f"{tflops:8.1f} {times['cudnn'] / times['fs']:9.3f} {diff:9.1e}", flush=True)
+        times = graph_kernel_times_us(torch, {"fs": fs, "cudnn": cudnn}, inputs, optional=("cudnn",))
+        name = f"{b}x{h}x{sq}{'' if sq == sk else f':{sk}'}x{d}" + (" causal" if causal else "")
+        tflops = 4 * b * h * sq * sk * d / (2 if causal else 1) / times["fs"] / 1e6
+        if times["cudnn"] is None:
+            print(f"{name:>26} {times['fs']:8.1f} {'-':>8} {tflops:8.1f} {'-':>9} {'-':>9}", flush=True)
+        else:
+            diff = (fs(*inputs[0]).float() - cudnn(*inputs[0]).float()).abs().max().item()
+            print(f"{name:>26} {times['fs']:8.1f} {times['cudnn']:8.1f} {tflops:8.1f} {times['cudnn'] / times['fs']:9.3f} "
+                  f"{diff:9.1e}", flush=True)
         del inputs
 
 
 def parse_shape(text):
-    """'B,H,S,D' or 'B,H,S,D,causal' -> (B, H, S, D, causal)."""
+    """'B,H,S[:Sk],D' or 'B,H,S[:Sk],D,causal' -> (B, H, Sq, Sk, D, causal)."""
     parts = text.split(",")
-    return (*(int(x) for x in parts[:4]), parts[4:] == ["causal"])
+    sq, _, sk = parts[2].partition(":")
+    return int(parts[0]), int(parts[1]), int(sq), int(sk or sq), int(parts[3]), parts[4:] == ["causal"]
 
 
 def kv_sweep(dtype, d, b=8, h=18, sq=1024):

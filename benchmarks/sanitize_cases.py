@@ -16,7 +16,7 @@ CASES = [  # (B, H, Sq, Sk, D, causal, layout)
     (1, 2, 77, 130, 32, False, "bhsd"), (2, 1, 64, 64, 64, True, "bhsd"), (1, 3, 100, 37, 96, True, "bshd"),
     (1, 2, 129, 200, 128, False, "bshd"), (1, 1, 50, 70, 256, True, "bhsd"),
     (1, 1, 40, 900, 64, False, "bhsd"), (1, 2, 100, 300, 32, True, "bshd"),   # 4 KV groups per block
-    (1, 1, 40, 4500, 64, False, "bhsd"), (1, 1, 33, 1500, 128, True, "bhsd"),  # split-KV + combine (4, 1 groups)
+    (1, 1, 40, 4500, 64, False, "bhsd"), (1, 1, 2200, 6000, 128, True, "bhsd"),  # split-KV + combine (4, 1 groups)
     (1, 1, 100, 1100, 64, False, "bhsd"), (2, 1, 70, 1500, 96, True, "bshd"),  # Hopper: splits in a cluster
     (2, 66, 130, 200, 128, True, "bhsd"), (2, 66, 200, 130, 128, False, "bshd"),  # sm90 (wgmma) on Hopper,
     (2, 66, 300, 333, 64, True, "bshd"), (2, 66, 257, 100, 64, False, "bhsd"),     # several items per block,

@@ -729,6 +729,13 @@ static int plan_extras(const fs_attn_params *p, fs_sm80_args *a)
     return (bytes + 15) & ~15;
 }
 
+/* Keys the longest query tile visits, the query tiles covering rows 0 .. q_end - 1: causal (top-left) row i sees
+ * keys 0 .. i. */
+static int visited_keys(const fs_attn_params *p, long long q_end)
+{
+    return p->causal && q_end < p->Sk ? (int)q_end : p->Sk;
+}
+
 /* Launch one tile variant (grid = query tiles x KV splits x batch*heads, flattened), or only describe it.
  * FEAT: the kernel with the protein options (packing, padding, bias, T5, rotary). */
 template <int D, typename T, int V, bool FEAT>
@@ -750,7 +757,7 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
     a.n_qtiles = (p->Sq + BR - 1) / BR;
     const long long bh = (long long)p->B * p->H, blocks = bh * a.n_qtiles;
     a.cluster = cluster > 1;
-    a.n_splits = a.cluster ? cluster : choose_splits(blocks, (p->Sk + BCS - 1) / BCS, sm_count);
+    a.n_splits = a.cluster ? cluster : choose_splits(blocks, (visited_keys(p, a.n_qtiles * BR) + BCS - 1) / BCS, sm_count);
     a.o_part = a.lse_part = NULL;
     a.counters = NULL;
     const int smem = RING + (FEAT ? plan_extras<D, BC>(p, &a) : 0);
@@ -822,7 +829,7 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, int
         return feat ? launch_variant<D, T, FS_BIG, true>(p, sm_count, device, 0, stream, plan)
                     : launch_variant<D, T, FS_BIG, false>(p, sm_count, device, 0, stream, plan);
     if (feat) return launch_variant<D, T, FS_SMALL, true>(p, sm_count, device, 0, stream, plan);
-    const int cluster = choose_cluster(small_blocks, (p->Sk + SBC - 1) / SBC, sm_count, major);
+    const int cluster = choose_cluster(small_blocks, (visited_keys(p, (p->Sq + SBR - 1) / SBR * SBR) + SBC - 1) / SBC, sm_count, major);
     if (cluster) return launch_variant<D, T, FS_SMALL, false>(p, sm_count, device, cluster, stream, plan);
     if (D <= 64 && p->Sk > 2 * SBC && small_blocks <= sm_count)
         return launch_variant<D, T, D <= 64 ? FS_SMALL_G4 : FS_SMALL, false>(p, sm_count, device, 0, stream, plan);

@@ -81,9 +81,11 @@ def test_fuzzed_shapes(seed):
 
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
 def test_split_kv_path_with_lse(d):
-    """One head, long keys: the grid is split over the KV range and merged by logsumexp."""
+    """One head, long keys: the grid is split over the KV range and merged by logsumexp (causal: over the keys the
+    query tiles see, rows 0 .. Sq - 1 seeing keys up to their own index)."""
     check(1, 1, 100, 4000, d, lse=True)
     check(1, 2, 333, 2500, d, causal=True, lse=True, dtype=torch.bfloat16)
+    check(1, 1, 4200, 4500, d, causal=True, lse=True, dtype=torch.bfloat16)
 
 
 @pytest.mark.parametrize("d", [32, 64])
@@ -101,8 +103,8 @@ def test_kv_group_variant(d):
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
 def test_cluster_split(d):
     """On Hopper, query tiles that leave most SMs idle and span 16-32 key tiles split their keys over a thread-block
-    cluster, merged through distributed shared memory (empty splits included: causal, Sq < Sk); elsewhere the same
-    problems run unsplit or with KV groups."""
+    cluster, merged through distributed shared memory (empty splits included: causal, the first query tiles seeing
+    few keys); elsewhere the same problems run unsplit or with KV groups."""
     major, _ = torch.cuda.get_device_capability()
     hopper = major == 9 and "90a" in flashsci.build_info()["cuda_architectures"]
     sk = 1024 if d != 256 else 512  # 16 key tiles (Bc = 32 at D = 256)
@@ -112,7 +114,9 @@ def test_cluster_split(d):
         assert plan["kv_splits"] == 8 and plan["blocks"] == 2 * 8
     assert flashsci._flashsci._launch_plan(1, 1, 100, 4 * sk, d)["cluster"] == 0  # long keys: splits via global memory
     check(1, 1, 100, sk, d, lse=True)
-    check(1, 2, 130, 2 * sk - 37, d, causal=True, lse=True, dtype=torch.bfloat16)
+    sq, sk_causal = (1100, 2300) if d != 256 else (600, 1300)  # 18 or 20 key tiles seen: clusters of 7, 8
+    assert flashsci._flashsci._launch_plan(1, 1, sq, sk_causal, d, True)["cluster"] == hopper
+    check(1, 1, sq, sk_causal, d, causal=True, lse=True, dtype=torch.bfloat16)
     check(2, 2, 150, sk + 77, d, layout="bshd", strided=True, scale=0.3)
 
 

@@ -142,11 +142,14 @@ def _with_backend(sdpa_kernel, backend, sdpa):
     return fn
 
 
-def attention_input_sets(torch, b, h, s, d, dtype):
-    """Rotating (q, k, v) sets of shape (b, h, s, d) whose bytes, outputs included, together reach twice the L2."""
+def attention_input_sets(torch, b, h, s, d, dtype, sk=None):
+    """Rotating (q, k, v) sets of shape (b, h, s, d) (k, v: sk rows if given) whose bytes, outputs included, together
+    reach twice the L2."""
+    sk = s if sk is None else sk
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
-    n_sets = max(1, min(64, math.ceil(2 * l2 / (4 * b * h * s * d * 2))))
-    return [tuple(torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3)) for _ in range(n_sets)]
+    n_sets = max(1, min(64, math.ceil(2 * l2 / (2 * b * h * (s + sk) * d * 2))))
+    return [(torch.randn(b, h, s, d, device="cuda", dtype=dtype),
+             *(torch.randn(b, h, sk, d, device="cuda", dtype=dtype) for _ in range(2))) for _ in range(n_sets)]
 
 
 def run_gpu(sets, dtype_name, out_dir, head_dim=None):
