@@ -258,12 +258,18 @@ __global__ void __launch_bounds__(fs_block<D, V, FEAT>::THREADS) attention_fwd_s
     /* block -> (query tile, split, batch*head); query tile fastest so one head's blocks share K/V in L2 (a
      * cluster's splits before it), heaviest causal tiles first */
     const bool in_cluster = CLUSTER && a.cluster;
-    int bid = blockIdx.x;
-    const int c_split = bid % a.n_splits;
-    if (in_cluster) bid /= a.n_splits;
+    int bid = blockIdx.x, split = 0;
+    if (in_cluster) {
+        split = bid % a.n_splits;
+        bid /= a.n_splits;
+    }
     int qt = bid % a.n_qtiles;
     bid /= a.n_qtiles;
-    const int split = in_cluster ? c_split : bid % a.n_splits, bh = in_cluster ? bid : bid / a.n_splits, b = bh / p.H, h = bh % p.H;
+    if (!in_cluster) {
+        split = bid % a.n_splits;
+        bid /= a.n_splits;
+    }
+    const int bh = bid, b = bh / p.H, h = bh % p.H;
     if (p.causal) qt = a.n_qtiles - 1 - qt;
     const int q0 = qt * BR;
 
