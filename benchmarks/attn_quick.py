@@ -5,7 +5,8 @@ query tiles (B, H, Sq = 8, 18, 1024) against Sk = 512 ... 4096 keys (CUDA events
 straight-line fit time = rounds x (a + b Sk / 128): a is the cost per work item outside the key loop (Q load,
 first S and last P V alone, O store), b the cost per 128 keys (gemm_quick.py does the same for the GEMM).
     python benchmarks/attn_quick.py [--dtype bfloat16] [--head-dim 64] [--shape 1,16,16384,128[,causal]] [--kv-sweep]
-A shape's S may be Sq:Sk (1,1,100:1024,128); a shape cuDNN does not take prints '-' for it."""
+A shape's S may be Sq:Sk (1,1,100:1024,128); a shape cuDNN does not take prints '-' for it. --rotary times flashsci with
+rotary=True (cuDNN still plain, no diff), --sm80 the portable kernel on Hopper too."""
 import argparse
 
 import torch
@@ -33,7 +34,11 @@ def main():
     ap.add_argument("--head-dim", type=int, help="only the configs of this head dim")
     ap.add_argument("--shape", action="append", help="B,H,S[:Sk],D[,causal] instead of the built-in configs (repeatable)")
     ap.add_argument("--kv-sweep", action="store_true", help="the per-item / per-key-tile split instead")
+    ap.add_argument("--rotary", action="store_true", help="flashsci with rotary=True")
+    ap.add_argument("--sm80", action="store_true", help="force the portable kernel")
     args = ap.parse_args()
+    if args.sm80:
+        flashsci._flashsci._set_attention_kernel("sm80")
     dtype = getattr(torch, args.dtype)
     if args.kv_sweep:
         return kv_sweep(dtype, args.head_dim or 64)
@@ -44,14 +49,15 @@ def main():
         if args.head_dim and d != args.head_dim:
             continue
         inputs = attention_input_sets(torch, b, h, sq, d, dtype, sk=sk)
-        fs = lambda q, k, v: flashsci.attention(q, k, v, causal=causal)
+        fs = lambda q, k, v: flashsci.attention(q, k, v, causal=causal, rotary=args.rotary)
         cudnn = _with_backend(sdpa_kernel, SDPBackend.CUDNN_ATTENTION,
                               lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
         times = graph_kernel_times_us(torch, {"fs": fs, "cudnn": cudnn}, inputs, optional=("cudnn",))
         name = f"{b}x{h}x{sq}{'' if sq == sk else f':{sk}'}x{d}" + (" causal" if causal else "")
         tflops = 4 * b * h * sq * sk * d / (2 if causal else 1) / times["fs"] / 1e6
-        if times["cudnn"] is None:
-            print(f"{name:>26} {times['fs']:8.1f} {'-':>8} {tflops:8.1f} {'-':>9} {'-':>9}", flush=True)
+        if times["cudnn"] is None or args.rotary:
+            cu = '-' if times["cudnn"] is None else f"{times['cudnn']:.1f}"
+            print(f"{name:>26} {times['fs']:8.1f} {cu:>8} {tflops:8.1f} {'-':>9} {'-':>9}", flush=True)
         else:
             diff = (fs(*inputs[0]).float() - cudnn(*inputs[0]).float()).abs().max().item()
             print(f"{name:>26} {times['fs']:8.1f} {times['cudnn']:8.1f} {tflops:8.1f} {times['cudnn'] / times['fs']:9.3f} "

@@ -81,12 +81,16 @@ for d in (64, 128):
                                          t5_bias=(torch.randn(3, 32, device=dev), 32, 128, True), return_lse=True)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
-    # the same with enough heads for the sm90 kernel on Hopper (packed rows, T5; no rotary there)
+    # the same with enough heads for the sm90 kernel on Hopper (packed rows, T5, rotary by the pre-pass)
     qp, kp, vp = (torch.randn(int(cu[-1]), 40, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
     flashsci.attention_varlen(qp, kp, vp, cu, cu, 700, 700, causal=True, t5_bias=(torch.randn(40, 32, device=dev), 32, 128, True),
-                              return_lse=True)
-q, k, v = (torch.randn(3, 48, 300, 64, device=dev, dtype=f16) for _ in range(3))   # sm90: seqlens and T5
+                              rotary=True, return_lse=True)
+q, k, v = (torch.randn(3, 48, 300, 64, device=dev, dtype=f16) for _ in range(3))   # sm90: seqlens, T5, rotary
 flashsci.attention(q, k, v, seqlens=lens, t5_bias=(torch.randn(48, 32, device=dev), 32, 128, False), causal=True)
+flashsci.attention(q.transpose(1, 2), k[:, :, :200].transpose(1, 2), v[:, :, :200].transpose(1, 2), layout="bshd",
+                   rotary=True)
+q, k, v = (torch.randn(1, 2, 600, 96, device=dev, dtype=f16) for _ in range(3))     # sm80: rotary by the pre-pass
+flashsci.attention(q, k, v, rotary=True, key_padding_mask=torch.rand(1, 600, device=dev) < 0.5, causal=True)
 cu = torch.tensor([0, 1, 171, 301, 301, 340], dtype=torch.int32, device=dev)           # sm90, 64-key tiles
 qp, kp, vp = (torch.randn(340, 48, 64, device=dev, dtype=f16) for _ in range(3))
 flashsci.attention_varlen(qp, kp, vp, cu, cu, 170, 170, t5_bias=(torch.randn(48, 32, device=dev), 32, 128, True))

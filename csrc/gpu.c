@@ -152,11 +152,12 @@ static int attention_launch(const fs_attn_params *p, int device, uintptr_t strea
     if (err != cudaSuccess) return cuda_fail(err, plan ? "attention launch plan" : "attention kernel launch");
     if (plan) {
         const double waves = pl.blocks_per_sm ? (double)pl.blocks / ((double)pl.blocks_per_sm * props.sm_count) : 0.0;
-        *plan = Py_BuildValue("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:i,s:d}", "kernel", hopper ? "sm90" : "sm80",
+        static const char *rotary[] = {"none", "kernel", "prepass"};
+        *plan = Py_BuildValue("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:i,s:d,s:s}", "kernel", hopper ? "sm90" : "sm80",
                               "variant", pl.small ? "small" : "big", "kv_groups", pl.kv_groups,
                               "Br", pl.br, "Bc", pl.bc, "threads", pl.threads, "smem", pl.smem, "q_tiles", pl.n_qtiles,
                               "kv_splits", pl.n_splits, "cluster", pl.cluster, "blocks", pl.blocks, "blocks_per_sm", pl.blocks_per_sm,
-                              "sm_count", props.sm_count, "waves", waves);
+                              "sm_count", props.sm_count, "waves", waves, "rotary", rotary[pl.rotary]);
         if (!*plan) return -1;
     }
     return 0;

@@ -2,6 +2,8 @@
 #ifndef FLASHSCI_ATTENTION_CUDA_H
 #define FLASHSCI_ATTENTION_CUDA_H
 
+#include <stddef.h>
+
 #include <cuda_runtime_api.h>
 
 #include "attention.h"
@@ -11,11 +13,11 @@ extern "C" {
 #endif
 
 /* How a problem is launched: tile variant, grid, KV splits (cluster: those of a query tile form a thread-block
- * cluster) and resident blocks per SM. */
+ * cluster), resident blocks per SM, and rotary: 0 none, 1 in the kernel, 2 by the pre-pass. */
 typedef struct {
     int small, kv_groups, br, bc, threads, smem, n_qtiles, n_splits, blocks_per_sm;
     long long blocks;
-    int cluster;
+    int cluster, rotary;
 } fs_sm80_plan;
 
 /* Launch tensor-core flash attention (sm_80+, fp16/bf16, D in {32, 64, 96, 128, 256}) on stream; device
@@ -25,13 +27,20 @@ cudaError_t fs_attention_sm80(const fs_attn_params *p, int device, int sm_count,
                               fs_sm80_plan *plan);
 
 /* Whether the Hopper kernel (sm_90a, wgmma) takes this problem on an sm_90 device with sm_count SMs: built
- * for 90a, fp16/bf16, D = 64 or 128, no key padding mask, bias or rotary (packed sequences, seqlens and T5 are
+ * for 90a, fp16/bf16, D = 64 or 128, no key padding mask or bias (packed sequences, seqlens, T5 and rotary are
  * covered), TMA-able strides, enough query tiles to fill the SMs. */
 int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count);
 
 /* Launch the Hopper kernel on stream (device is current; a persistent grid of at most sm_count blocks), or with
  * plan non-NULL only describe the launch. */
 cudaError_t fs_attention_sm90(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan);
+
+/* Bytes of workspace the rotary pre-pass needs for p's q and k (fp16/bf16). */
+size_t fs_rotary_bytes(const fs_attn_params *p);
+
+/* Rotary pre-pass (rotary.cu, fp16/bf16, D in {32, 64, 96, 128, 256}): q and k of p rotated into ws (fs_rotary_bytes, 16-byte aligned) on
+ * stream; *rotated is p reading them, with rotary off. */
+cudaError_t fs_rotary_qk(const fs_attn_params *p, int device, cudaStream_t stream, void *ws, fs_attn_params *rotated);
 
 #ifdef __cplusplus
 }

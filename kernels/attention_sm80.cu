@@ -47,6 +47,7 @@
 #include "attention_seq.cuh"
 #include "cuda_ptx.cuh"
 #include "launch.cuh"
+#include "rotary.cuh"
 #include "workspace.h"
 
 
@@ -149,18 +150,8 @@ FS_DEV void load_tile_pairs(T *tile, const T *g, int64_t stride, int valid, int 
     }
 }
 
-/* sin and cos of a float32 angle: reduced to [-pi, pi] with a two-part 2 pi, then the hardware units
- * (absolute error ~3e-7 for the angles rotary embeddings use, far below fp16 rounding) */
-FS_DEV void sincos_reduced(float x, float *s, float *c)
-{
-    const float n = rintf(x * 0.159154943091895336f);
-    const float r = fmaf(n, 1.74845553e-7f, fmaf(n, -6.28318548202514648f, x));
-    __sincosf(r, s, c);
-}
-
-/* Rotary embedding, in place, of the chunk pairs this thread copied with load_tile_pairs; row r has
- * position pos0 + r. ESM / HF convention: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin on the halves
- * x1 = x[:D/2], x2 = x[D/2:], angle = pos inv_freq_i in float32. */
+/* Rotary embedding (rotary.cuh), in place, of the chunk pairs this thread copied with load_tile_pairs; row r has
+ * position pos0 + r. */
 template <int ROWS, int D, int THREADS, typename T>
 FS_DEV void rotate_tile_pairs(T *tile, int pos0, int valid, const float *inv_freq, int tid)
 {
@@ -172,18 +163,11 @@ FS_DEV void rotate_tile_pairs(T *tile, int pos0, int valid, const float *inv_fre
             uint4 *p1 = reinterpret_cast<uint4 *>(tile + swz<P>(r, c * 8));
             uint4 *p2 = reinterpret_cast<uint4 *>(tile + swz<P>(r, (c + HALF) * 8));
             uint32_t w1[4], w2[4];
+            float cs[8], sn[8];
             *reinterpret_cast<uint4 *>(w1) = *p1;
             *reinterpret_cast<uint4 *>(w2) = *p2;
-            const float pos = (float)(pos0 + r);
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float2 x1 = unpack2<T>(w1[e]), x2 = unpack2<T>(w2[e]);
-                float s0, c0, s1, c1;
-                sincos_reduced(pos * inv_freq[c * 8 + 2 * e], &s0, &c0);
-                sincos_reduced(pos * inv_freq[c * 8 + 2 * e + 1], &s1, &c1);
-                w1[e] = pack2<T>(x1.x * c0 - x2.x * s0, x1.y * c1 - x2.y * s1);
-                w2[e] = pack2<T>(x2.x * c0 + x1.x * s0, x2.y * c1 + x1.y * s1);
-            }
+            chunk_angles((float)(pos0 + r), inv_freq + c * 8, cs, sn);
+            rotate_chunk<T>(w1, w2, cs, sn);
             *p1 = *reinterpret_cast<uint4 *>(w1);
             *p2 = *reinterpret_cast<uint4 *>(w2);
         }
@@ -295,7 +279,7 @@ __global__ void __launch_bounds__(fs_block<D, V, FEAT>::THREADS) attention_fwd_s
     const bool use_list = FEAT && a.list_tiles;
     if (FEAT) {
         if (p.rotary)
-            for (int i = tid; i < D / 2; i += THREADS) s_freq[i] = 1.0f / powf(p.rotary_base, (float)(2 * i) / (float)D);
+            for (int i = tid; i < D / 2; i += THREADS) s_freq[i] = rotary_inv_freq(i, D, p.rotary_base);
         for (int i = tid; i < a.t5_n; i += THREADS) {
             const int bucket = fs_t5_bucket(i - a.t5_lneg, p.t5_buckets, p.t5_max_distance, p.t5_bidirectional);
             s_t5[i] = load_float(p.t5_table, h * p.t5_sh + bucket * p.t5_sn, p.t5_dtype) * FS_LOG2E;
@@ -743,10 +727,11 @@ static int visited_keys(const fs_attn_params *p, long long q_end)
 }
 
 /* Launch one tile variant (grid = query tiles x KV splits x batch*heads, flattened), or only describe it.
- * FEAT: the kernel with the protein options (packing, padding, bias, T5, rotary). */
+ * FEAT: the kernel with the protein options (packing, padding, bias, T5, rotary). rot: the problem whose q and k
+ * the rotary pre-pass rotates first (p is then rot with rotary off), or NULL. */
 template <int D, typename T, int V, bool FEAT>
-static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int device, int cluster, cudaStream_t stream,
-                                  fs_sm80_plan *plan)
+static cudaError_t launch_variant(const fs_attn_params *p, const fs_attn_params *rot, int sm_count, int device, int cluster,
+                                  cudaStream_t stream, fs_sm80_plan *plan)
 {
     using tile = fs_tile_for<D, V, FEAT>;
     constexpr int BR = 16 * tile::MT * tile::WARPS, BC = tile::BC, BCS = BC * tile::KVG;
@@ -779,19 +764,25 @@ static cudaError_t launch_variant(const fs_attn_params *p, int sm_count, int dev
         plan->n_splits = a.n_splits;
         plan->cluster = a.cluster;
         plan->blocks = blocks * a.n_splits;
+        plan->rotary = rot ? 2 : p->rotary ? 1 : 0;
         return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&plan->blocks_per_sm, kernel, THREADS, smem);
     }
+    /* workspace: the split counters and partial results, then (rotary pre-pass) q and k rotated */
     void *ws = NULL;
-    if (a.n_splits > 1 && !a.cluster) {
-        const size_t rows = (size_t)bh * p->Sq * a.n_splits;
-        if ((err = fs_workspace_get(device, stream, FS_COUNTER_BYTES + rows * (D + 1) * sizeof(float), &ws)) != cudaSuccess)
-            return err;
+    const bool split = a.n_splits > 1 && !a.cluster;
+    const size_t rows = split ? (size_t)bh * p->Sq * a.n_splits : 0;
+    const size_t rot_at = (FS_COUNTER_BYTES + rows * (D + 1) * sizeof(float) + 255) / 256 * 256;
+    if ((split || rot) && (err = fs_workspace_get(device, stream, rot ? rot_at + fs_rotary_bytes(rot) : rot_at, &ws)) != cudaSuccess)
+        return err;
+    if (split) {
         a.counters = (int *)ws;
         a.o_part = (float *)((char *)ws + FS_COUNTER_BYTES);
         a.lse_part = a.o_part + rows * D;
     }
+    if (rot) err = fs_rotary_qk(rot, device, stream, (char *)ws + rot_at, &a.p);
     void *args[] = {&a};
-    err = a.cluster ? fs_launch_cluster(&handle, device, (unsigned)(blocks * a.n_splits), THREADS, smem, a.n_splits, stream, args)
+    if (err == cudaSuccess)
+        err = a.cluster ? fs_launch_cluster(&handle, device, (unsigned)(blocks * a.n_splits), THREADS, smem, a.n_splits, stream, args)
                     : fs_launch(&handle, device, (unsigned)(blocks * a.n_splits), THREADS, smem, stream, args);
     if (ws) {
         cudaError_t rerr = fs_workspace_release(stream, ws);
@@ -820,6 +811,16 @@ static int choose_cluster(long long blocks, int n_kv, int sm_count, int major)
 #endif
 }
 
+/* Rotary by the pre-pass (rotary.cu: q and k rotated once into the workspace, then the kernel without it, the plain
+ * one if rotary was the only option) rather than in the FEAT kernel, where every query tile's block rotates each K
+ * tile again: from 512 queries and keys on. H100, fp16, D = 64 unless given, us, in the kernel -> pre-pass:
+ * 8x40x1024 470 -> 374, 1x40x4096 887 -> 636, 1x1x512 16.7 -> 12.0, 2x3x700 23.6 -> 16.1, at D = 128 35.3 -> 29.9;
+ * below, the extra launch and round trip cost more than they save: 8x8x256 13.3 -> 15.3, 4x8x128 7.2 -> 9.8. */
+static bool rotary_prepass(const fs_attn_params *p)
+{
+    return p->Sq >= 512 && p->Sk >= 512;
+}
+
 /* Big tiles when they fill the SMs, else 64-row tiles: split over clusters where they pay (choose_cluster); else at
  * D <= 64 without protein options, 4 KV groups when every block gets an SM of its own and the keys span 3+ tiles
  * (H200: (1,1,512) 10.8 -> 8.8 us; 2 groups at two blocks per SM were slower on (8,8,256), 8.9 -> 9.2-9.6 us: there
@@ -829,17 +830,25 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, int
 {
     constexpr int BR = 16 * fs_tile<D, FS_BIG>::MT * fs_tile<D, FS_BIG>::WARPS, SBR = 16 * fs_tile<D, FS_SMALL>::WARPS;
     constexpr int SBC = fs_tile<D, FS_SMALL>::BC;
+    fs_attn_params unrotated; /* with the rotary pre-pass: p as the kernel sees it, q and k already rotated */
+    const fs_attn_params *rot = NULL;
+    if (p->rotary && rotary_prepass(p)) {
+        unrotated = *p;
+        unrotated.rotary = 0;
+        rot = p;
+        p = &unrotated;
+    }
     const bool feat = p->cu_seqlens_q || p->kpm || p->seqlens || p->bias || p->t5_table || p->rotary;
     const long long bh = (long long)p->B * p->H, small_blocks = bh * ((p->Sq + SBR - 1) / SBR);
     if (bh * ((p->Sq + BR - 1) / BR) >= sm_count)
-        return feat ? launch_variant<D, T, FS_BIG, true>(p, sm_count, device, 0, stream, plan)
-                    : launch_variant<D, T, FS_BIG, false>(p, sm_count, device, 0, stream, plan);
-    if (feat) return launch_variant<D, T, FS_SMALL, true>(p, sm_count, device, 0, stream, plan);
+        return feat ? launch_variant<D, T, FS_BIG, true>(p, rot, sm_count, device, 0, stream, plan)
+                    : launch_variant<D, T, FS_BIG, false>(p, rot, sm_count, device, 0, stream, plan);
+    if (feat) return launch_variant<D, T, FS_SMALL, true>(p, rot, sm_count, device, 0, stream, plan);
     const int cluster = choose_cluster(small_blocks, (visited_keys(p, (p->Sq + SBR - 1) / SBR * SBR) + SBC - 1) / SBC, sm_count, major);
-    if (cluster) return launch_variant<D, T, FS_SMALL, false>(p, sm_count, device, cluster, stream, plan);
+    if (cluster) return launch_variant<D, T, FS_SMALL, false>(p, rot, sm_count, device, cluster, stream, plan);
     if (D <= 64 && p->Sk > 2 * SBC && small_blocks <= sm_count)
-        return launch_variant<D, T, D <= 64 ? FS_SMALL_G4 : FS_SMALL, false>(p, sm_count, device, 0, stream, plan);
-    return launch_variant<D, T, FS_SMALL, false>(p, sm_count, device, 0, stream, plan);
+        return launch_variant<D, T, D <= 64 ? FS_SMALL_G4 : FS_SMALL, false>(p, rot, sm_count, device, 0, stream, plan);
+    return launch_variant<D, T, FS_SMALL, false>(p, rot, sm_count, device, 0, stream, plan);
 }
 
 template <typename T>

@@ -27,8 +27,8 @@
  *
  * Scope: D = 64 and 128; of the protein options packed variable length, seqlens and the T5 bias (FEAT
  * instantiations: per-sequence offsets and lengths, the T5 table of the item's head in shared memory, expanded
- * for every head by a small kernel ahead of the launch, sm90_t5_expand); no key padding mask, additive bias or
- * rotary, no KV split (the sm80 kernel takes the rest).
+ * for every head by a small kernel ahead of the launch, sm90_t5_expand); rotary through a pre-pass that rotates q and
+ * k into the workspace (rotary.cu); no key padding mask or additive bias, no KV split (the sm80 kernel takes the rest).
  *
  * History (H200 fp16, TF/s on the S = 512 ... 16384 sweep, non-causal D = 64 / D = 128; FA2 = 250-299 /
  * 272-339, cuDNN 365-439 / 505-576):
@@ -661,27 +661,25 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     a.claims = NULL;
     const int grid = items < sm_count ? (int)items : sm_count;
     if (plan) {
-        *plan = fs_sm80_plan{0, 1, BR, BC, THREADS, SMEM, a.n_qtiles, 1, 1, grid};
+        *plan = fs_sm80_plan{0, 1, BR, BC, THREADS, SMEM, a.n_qtiles, 1, 1, grid, 0, p->rotary ? 2 : 0};
         return cudaSuccess;
     }
-    const int bf16 = p->dtype == FS_BF16;
-    int sq, sk, nb;
-    sm90_extent(p, 1, &sq, &nb);
-    sm90_extent(p, 0, &sk, &nb);
-    CUtensorMap mq, mk, mv, mo;
-    cudaError_t err = sm90_map(&mq, p->q, bf16, sq, p->H, nb, D, p->q_ss, p->q_sh, p->q_sb, BR);
-    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, p->H, nb, D, p->k_ss, p->k_sh, p->k_sb, BC);
-    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, p->H, nb, D, p->v_ss, p->v_sh, p->v_sb, BC);
-    if (err == cudaSuccess) err = sm90_map(&mo, p->o, bf16, sq, p->H, nb, D, p->o_ss, p->o_sh, p->o_sb, 64);
-    if (err == cudaSuccess) err = fs_kernel_prepare(kernel, &handle, SMEM, device);
-    /* workspace: the claim counters, then (T5) the expanded tables */
+    /* workspace: the claim counters, then (T5) the expanded tables, then (rotary) q and k rotated by the pre-pass */
     const int claims = sm90_claims(p, BR);
+    const size_t t5_bytes = (size_t)p->H * a.t5_row * 4, rot_at = (FS_COUNTER_BYTES + t5_bytes + 255) / 256 * 256;
     void *ws = NULL;
-    if (err == cudaSuccess && (claims || p->t5_table))
-        err = fs_workspace_get(device, stream, FS_COUNTER_BYTES + (size_t)p->H * a.t5_row * 4, &ws);
+    cudaError_t err = fs_kernel_prepare(kernel, &handle, SMEM, device);
+    if (err == cudaSuccess && (claims || p->t5_table || p->rotary))
+        err = fs_workspace_get(device, stream, p->rotary ? rot_at + fs_rotary_bytes(p) : FS_COUNTER_BYTES + t5_bytes, &ws);
     if (err != cudaSuccess) return err;
     if (claims) a.claims = static_cast<int *>(ws);
-    if (p->t5_table) {
+    fs_attn_params rotated;
+    if (p->rotary) {
+        err = fs_rotary_qk(p, device, stream, static_cast<unsigned char *>(ws) + rot_at, &rotated);
+        a.p = rotated;
+        p = &rotated;
+    }
+    if (err == cudaSuccess && p->t5_table) {
         static fs_kernel expand;
         float *rows = reinterpret_cast<float *>(static_cast<unsigned char *>(ws) + FS_COUNTER_BYTES);
         fs_attn_params pt = *p;
@@ -690,6 +688,15 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
         if (err == cudaSuccess) err = fs_launch(&expand, device, (unsigned)p->H, 256, 0, stream, targs);
         a.t5_rows = rows;
     }
+    const int bf16 = p->dtype == FS_BF16;
+    int sq, sk, nb;
+    sm90_extent(p, 1, &sq, &nb);
+    sm90_extent(p, 0, &sk, &nb);
+    CUtensorMap mq, mk, mv, mo;
+    if (err == cudaSuccess) err = sm90_map(&mq, p->q, bf16, sq, p->H, nb, D, p->q_ss, p->q_sh, p->q_sb, BR);
+    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, p->H, nb, D, p->k_ss, p->k_sh, p->k_sb, BC);
+    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, p->H, nb, D, p->v_ss, p->v_sh, p->v_sb, BC);
+    if (err == cudaSuccess) err = sm90_map(&mo, p->o, bf16, sq, p->H, nb, D, p->o_ss, p->o_sh, p->o_sb, 64);
     void *args[] = {&mq, &mk, &mv, &mo, &a};
     if (err == cudaSuccess) err = fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
     if (ws) {
@@ -767,7 +774,7 @@ extern "C" int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count)
     sm90_extent(p, 0, &sk, &nb);
     if (p->t5_table) fs_t5_span(p, &lneg, &t5_n);
     return (p->dtype == FS_F16 || p->dtype == FS_BF16) && (p->D == 64 || p->D == 128) && p->Sq > 0 && p->Sk > 0 &&
-           !p->kpm && !p->bias && !p->rotary && t5_n <= FS_SM90_T5_MAX && sq > 0 && sk > 0 &&
+           !p->kpm && !p->bias && t5_n <= FS_SM90_T5_MAX && sq > 0 && sk > 0 &&
            (!p->cu_seqlens_q || (p->total_q < INT32_MAX && p->total_k < INT32_MAX)) &&
            strides_ok(sq, p->H, nb, p->q_ss, p->q_sh, p->q_sb) && strides_ok(sk, p->H, nb, p->k_ss, p->k_sh, p->k_sb) &&
            strides_ok(sk, p->H, nb, p->v_ss, p->v_sh, p->v_sb) && strides_ok(sq, p->H, nb, p->o_ss, p->o_sh, p->o_sb) &&

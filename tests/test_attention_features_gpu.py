@@ -186,10 +186,14 @@ def test_t5_bias_with_seqlens_causal_and_half_table():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [32, 64, 128, 256])
-def test_rotary(d, causal, dtype):
-    """ESM2: q scaled by 1/sqrt(D) first, then rotated; k rotated; attention with scale 1."""
-    b, h, s = 2, 3, 700
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("s", [300, 700])
+def test_rotary(s, d, causal, dtype):
+    """ESM2: q scaled by 1/sqrt(D) first, then rotated; k rotated; attention with scale 1. The sm80 kernel rotates in
+    the kernel at S = 300 and through the pre-pass from 512 on; the sm90 one (D = 128 on Hopper) always by the pre-pass."""
+    b, h = 2, 3
+    plan = flashsci._flashsci._launch_plan(b, h, s, s, d, causal, rotary=True)
+    assert plan["rotary"] == ("prepass" if s >= 512 or plan["kernel"] == "sm90" else "kernel")
     q, k, v = (rand(b, h, s, d, dtype=dtype) for _ in range(3))
     sc = d ** -0.5
     keep = causal_keep(s, s) if causal else None
@@ -397,3 +401,71 @@ def test_hopper_t5_tables_across_items(d):
     out = poisoned(q)
     flashsci.attention(q, k, v, scale=1.0, t5_bias=(table, 32, 128, True), out=out)
     assert_close(out, ref64(q, k, v, 1.0, None, dense)[0], torch_lowp(q, k, v, 1.0, None, dense), f"t5 across items, D = {d}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("kernel", ["auto", "sm80"])
+def test_rotary_prepass(kernel, d, causal, dtype):
+    """Rotary through the pre-pass of q and k into the workspace: always on the sm90 kernel (enough heads for it on
+    Hopper), on the sm80 one from 512 queries and keys (forced here on Hopper too). bshd strided views with
+    Sq != Sk, seqlens with empty and length-1 rows, packed sequences with the T5 bias, and a graph replay (the
+    workspace allocated under capture)."""
+    hopper = torch.cuda.get_device_capability()[0] == 9 and "90a" in flashsci.build_info()["cuda_architectures"]
+    flashsci._flashsci._set_attention_kernel(kernel)
+    try:
+        plan = flashsci._flashsci._launch_plan(2, 40, 300, 700, d, causal, rotary=True)
+        assert (plan["kernel"], plan["rotary"]) == (("sm90", "prepass") if hopper and kernel == "auto" else ("sm80", "kernel"))
+        assert flashsci._flashsci._launch_plan(4, 48, 600, 600, d, causal, rotary=True)["rotary"] == "prepass"
+        rotary_cases(d, causal, dtype)
+    finally:
+        flashsci._flashsci._set_attention_kernel("auto")
+
+
+def rotary_cases(d, causal, dtype):
+    """The cases of test_rotary_prepass, on whichever kernel is dispatched."""
+    sc = d ** -0.5
+    q = rand(2, 300, 40, 2 * d, dtype=dtype)[..., d:]
+    k, v = (rand(2, 700, 40, d, dtype=dtype) for _ in range(2))
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    keep = causal_keep(300, 700) if causal else None
+    ref, _ = ref64(esm_rotary(qt.double() * sc), esm_rotary(kt.double()), vt, 1.0, keep)
+    theirs = torch_lowp(esm_rotary(qt * sc), esm_rotary(kt), vt, 1.0, keep)
+    out = poisoned(q)
+    flashsci.attention(q, k, v, causal=causal, rotary=True, layout="bshd", out=out)
+    assert_close(out.transpose(1, 2), ref, theirs, "rotary, bshd, 300 x 700")
+
+    b, h, s = 4, 48, 600
+    q, k, v = (rand(b, h, s, d, dtype=dtype) for _ in range(3))
+    lens = torch.tensor([s, 129, 1, 0], dtype=torch.int32, device="cuda")
+    valid = torch.arange(s, device="cuda")[None, :] < lens[:, None].long()
+    keep = valid[:, None, None, :] & valid[:, None, :, None] & (causal_keep(s, s) if causal else True)
+    out = poisoned(q)
+    flashsci.attention(q, k, v, causal=causal, seqlens=lens, rotary=True, out=out)
+    assert_close(out, ref64(esm_rotary(q.double() * sc), esm_rotary(k.double()), v, 1.0, keep)[0],
+                 torch_lowp(esm_rotary(q * sc), esm_rotary(k), v, 1.0, keep), "rotary + seqlens")
+    assert (out[1, :, 129:] == 0).all() and (out[3] == 0).all()
+
+    lengths, table = [100, 600, 1, 64], torch.randn(32, 32, device="cuda")
+    cu, (q, k, v) = pack(lengths, 32, d, dtype)
+    q = q * sc   # ProtT5-style scale 1 on prescaled queries
+    kw = dict(causal=causal, scale=1.0, t5_bias=(table, 32, 128, True), rotary=True)
+    ref, theirs = varlen_reference(q, k, v, cu, cu, causal, 1.0, t5=(table, 32, 128, True), rotary=True)
+    out = poisoned(q)
+    flashsci.attention_varlen(q, k, v, cu, cu, 600, 600, out=out, **kw)
+    assert_close(out, ref, theirs, "varlen + rotary + t5")
+
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flashsci.attention_varlen(q, k, v, cu, cu, 600, 600, out=out, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(g):
+        flashsci.attention_varlen(q, k, v, cu, cu, 600, 600, out=out, **kw)
+    k.copy_(torch.randn_like(k))
+    out.fill_(float("nan"))
+    g.replay()
+    ref, theirs = varlen_reference(q, k, v, cu, cu, causal, 1.0, t5=(table, 32, 128, True), rotary=True)
+    assert_close(out, ref, theirs, "varlen + rotary + t5, graph replay")
