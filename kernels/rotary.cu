@@ -10,8 +10,10 @@
  * 8 angles' sin and cos are computed once and applied to every head, and all its heads' loads are in flight before
  * the arithmetic. Memory-bound: it reads and writes q and k once each.
  *
- * History (H100, fp16, ESM2-3B 8 x 40 x 1024 x 64; attention with rotary, us):
- *   v1  this pre-pass + the plain Hopper kernel, in place of the sm80 kernel's in-kernel rotation: see NOTES.md
+ * History (H100, fp16, attention with rotary, us; benchmarks/NOTES.md, session 18):
+ *   v1  this pre-pass + the plain Hopper kernel, in place of the sm80 FEAT kernel's rotation in shared memory:
+ *       ESM2-3B 8x40x1024x64 466 -> 243-252 (plain 201-210), 1x40x4096x64 863 -> 394-399 (plain 367-374); on the sm80
+ *       kernel (forced) 470 -> 374 and 887 -> 636
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
