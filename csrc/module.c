@@ -64,23 +64,25 @@ static PyObject *inspect_tensor(PyObject *module, PyObject *const *args, Py_ssiz
     return d;
 }
 
-/* _launch_plan(B, H, Sq, Sk, D, causal=False, device=0, rotary=False): how the CUDA kernel would be launched (fp16,
- * contiguous bhsd tensors). */
+/* _launch_plan(B, H, Sq, Sk, D, causal=False, device=0, rotary=False, key_padding_mask=False): how the CUDA kernel would
+ * be launched (fp16, contiguous bhsd tensors; a mask only marked present, never read). */
 static PyObject *launch_plan(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"B", "H", "Sq", "Sk", "D", "causal", "device", "rotary", NULL};
+    static char *kwlist[] = {"B", "H", "Sq", "Sk", "D", "causal", "device", "rotary", "key_padding_mask", NULL};
+    static const uint8_t mask_marker = 1;
     fs_attn_params p;
-    int causal = 0, device = 0, rotary = 0;
+    int causal = 0, device = 0, rotary = 0, kpm = 0;
     (void)module;
     memset(&p, 0, sizeof p);
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiii|pip:_launch_plan", kwlist, &p.B, &p.H, &p.Sq, &p.Sk, &p.D,
-                                     &causal, &device, &rotary))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiii|pipp:_launch_plan", kwlist, &p.B, &p.H, &p.Sq, &p.Sk, &p.D,
+                                     &causal, &device, &rotary, &kpm))
         return NULL;
     if (p.B < 1 || p.H < 1 || p.Sq < 1 || p.Sk < 1 || (p.D != 32 && p.D != 64 && p.D != 96 && p.D != 128 && p.D != 256))
         return PyErr_Format(PyExc_ValueError, "_launch_plan: sizes must be >= 1 and D one of 32, 64, 96, 128, 256");
     p.causal = causal;
     p.rotary = rotary;
     p.rotary_base = 10000.0f;
+    p.kpm = kpm ? &mask_marker : NULL;
     p.dtype = FS_F16;
     p.scale = 1.0;
     p.q_ss = p.o_ss = p.k_ss = p.v_ss = p.D;

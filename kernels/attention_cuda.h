@@ -27,8 +27,8 @@ cudaError_t fs_attention_sm80(const fs_attn_params *p, int device, int sm_count,
                               fs_sm80_plan *plan);
 
 /* Whether the Hopper kernel (sm_90a, wgmma) takes this problem on an sm_90 device with sm_count SMs: built
- * for 90a, fp16/bf16, D = 64 or 128, no key padding mask or bias (packed sequences, seqlens, T5 and rotary are
- * covered), TMA-able strides, enough query tiles to fill the SMs. */
+ * for 90a, fp16/bf16, D = 64 or 128, no additive bias (packed sequences, seqlens, key padding masks, T5 and
+ * rotary are covered), TMA-able strides, enough query tiles to fill the SMs. */
 int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count);
 
 /* Launch the Hopper kernel on stream (device is current; a persistent grid of at most sm_count blocks), or with

@@ -77,8 +77,14 @@ def esm_rotary(x, base=10000.0, positions=None):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_key_padding_mask(d, causal, dtype):
-    b, h, s = 4, 3, 333
+@pytest.mark.parametrize("h", [3, 40])
+def test_key_padding_mask(h, d, causal, dtype):
+    """The sm80 kernel (three heads at D = 64), skipping all-padding key tiles, and the sm90 one on Hopper, whose keys
+    end at each batch's last kept one, the others dropped one by one."""
+    b, s = 4, 333
+    hopper = torch.cuda.get_device_capability()[0] == 9 and "90a" in flashsci.build_info()["cuda_architectures"]
+    plan = flashsci._flashsci._launch_plan(b, h, s, s, d, causal, key_padding_mask=True)
+    assert plan["kernel"] == ("sm90" if hopper and (h == 40 or d == 128) else "sm80")
     q, k, v = (rand(b, h, s, d, dtype=dtype) for _ in range(3))
     kpm = torch.rand(b, s, device="cuda") < 0.7          # scattered padding
     kpm[1] = torch.arange(s, device="cuda") < 100         # a padded suffix: whole key tiles skipped
@@ -94,6 +100,43 @@ def test_key_padding_mask(d, causal, dtype):
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite)
     assert (lse[finite].double() - ref_lse[finite]).abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+def test_key_padding_mask_with_options_many_heads(d, dtype):
+    """Enough heads for the sm90 kernel on Hopper: masks with a padded suffix, scattered padding, padding before the
+    first kept key and a broadcast (1, Sk) mask, with Sq != Sk, causal, seqlens, the T5 bias and rotary."""
+    b, h, sq, sk = 3, 48, 280, 300
+    q, k, v = rand(b, h, sq, d, dtype=dtype), rand(b, h, sk, d, dtype=dtype), rand(b, h, sk, d, dtype=dtype)
+    kpm = torch.rand(b, sk, device="cuda") < 0.6
+    kpm[0] = torch.arange(sk, device="cuda") < 170
+    kpm[2, :140] = False
+    table = torch.randn(h, 32, device="cuda")
+    sc = d ** -0.5
+    for kw in [{}, {"causal": True}, {"t5_bias": (table, 32, 128, True)}, {"rotary": True, "causal": True},
+               {"key_padding_mask": kpm[:1]}]:
+        mask = kw.pop("key_padding_mask", kpm)
+        keep = mask[:, None, None, :] & (causal_keep(sq, sk) if kw.get("causal") else True)
+        add = t5_dense(table, sq, sk, 32, 128, True) if "t5_bias" in kw else None
+        qr, kr, scale = (esm_rotary(q.double() * sc), esm_rotary(k.double()), 1.0) if kw.get("rotary") else (q, k, sc)
+        ref, _ = ref64(qr, kr, v, scale, keep, add)
+        if kw.get("rotary"):
+            theirs = torch_lowp(esm_rotary(q * sc), esm_rotary(k), v, 1.0, keep, add)
+        else:
+            theirs = torch_lowp(q, k, v, sc, keep, add)
+        out = poisoned(q)
+        flashsci.attention(q, k, v, key_padding_mask=mask, out=out, **kw)
+        assert_close(out, ref, theirs, f"kpm {list(kw)}, {mask.shape[0]} mask rows")
+    s = 300
+    q, k, v = (rand(b, h, s, d, dtype=dtype) for _ in range(3))
+    lens = torch.tensor([s, 129, 0], dtype=torch.int32, device="cuda")
+    valid = torch.arange(s, device="cuda")[None, :] < lens[:, None].long()
+    keep = kpm[:, None, None, :] & valid[:, None, None, :] & valid[:, None, :, None]
+    out = poisoned(q)
+    flashsci.attention(q, k, v, key_padding_mask=kpm, seqlens=lens, out=out)
+    assert_close(out, ref64(q, k, v, sc, keep)[0], torch_lowp(q, k, v, sc, keep), "kpm + seqlens")
+    assert (out[1, :, 129:] == 0).all() and (out[2] == 0).all()
 
 
 def test_key_padding_mask_long_padded_suffix_split_path():
