@@ -97,6 +97,12 @@
  *       321 -> 300, 302, 298; 16x32x1024 559, 558, 562 -> 519, 517, 520; 8x32x2048 981, 980, 977 -> 958, 960, 976.
  *       Dispatched below one item per SM too (sm90_pays): H100, 1x8x2048x128 80.5 -> 30.8 us (the sm80 kernel),
  *       1x20x1024x64 32.7 -> 18.7
+ *   v6.6 rotary (q and k rotated by a pre-pass, rotary.cu) and key padding masks (KPM instantiations: each batch's
+ *       key range ends at its last kept key, and the keys dropped before it come from sm90_kpm_prepare as one word
+ *       per thread and tile, selected to -inf in the softmax) move here from the sm80 kernel. H100 fp16: ESM2-3B with
+ *       rotary 466 -> 245 us; padded UniProt batches of ESM2-3B heads with a mask 329-2725 -> 158-1499 us (SDPA with
+ *       the mask 306-2290). Measured first inside the FEAT kernels: the packed batches without a mask ran 1-3% slower
+ *       there, so the mask has its own instantiations and the others' SASS is unchanged
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
