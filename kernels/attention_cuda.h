@@ -38,8 +38,8 @@ cudaError_t fs_attention_sm90(const fs_attn_params *p, int device, int sm_count,
 /* Bytes of workspace the rotary pre-pass needs for p's q and k (fp16/bf16). */
 size_t fs_rotary_bytes(const fs_attn_params *p);
 
-/* Rotary pre-pass (rotary.cu, fp16/bf16, D in {32, 64, 96, 128, 256}): q and k of p rotated into ws (fs_rotary_bytes, 16-byte aligned) on
- * stream; *rotated is p reading them, with rotary off. */
+/* Rotary pre-pass (rotary.cu, fp16/bf16, D in {32, 64, 96, 128, 256}): q and k of p rotated into ws (fs_rotary_bytes,
+ * 16-byte aligned) on stream; *rotated is p reading them, with rotary off. */
 cudaError_t fs_rotary_qk(const fs_attn_params *p, int device, cudaStream_t stream, void *ws, fs_attn_params *rotated);
 
 #ifdef __cplusplus

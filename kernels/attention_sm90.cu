@@ -28,8 +28,9 @@
  * Scope: D = 64 and 128; of the protein options packed variable length, seqlens, key padding masks and the T5 bias
  * (FEAT instantiations: per-sequence offsets and lengths, the T5 table of the item's head in shared memory, expanded
  * for every head by a small kernel ahead of the launch, sm90_t5_expand; a padding mask's last kept key ends each
- * batch's key range, and the keys it drops before come as one word per thread and tile, sm90_kpm_prepare); rotary through a pre-pass
- * that rotates q and k into the workspace (rotary.cu); no additive bias, no KV split (the sm80 kernel takes the rest).
+ * batch's key range, and the keys it drops before that come as one word per thread and tile, sm90_kpm_prepare);
+ * rotary through a pre-pass that rotates q and k into the workspace (rotary.cu); no additive bias, no KV split (the
+ * sm80 kernel takes the rest).
  *
  * History (H200 fp16, TF/s on the S = 512 ... 16384 sweep, non-causal D = 64 / D = 128; FA2 = 250-299 /
  * 272-339, cuDNN 365-439 / 505-576):
@@ -546,7 +547,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                         mbar_arrive(&k_empty[s]);
                         if (!Q_REGS && n_kv == 1) mbar_arrive(q_empty); /* the item's last Q K^T is done: Q may be refilled */
                     }
-                    sm90_softmax<NS, FEAT, KPM>(sc, p, 0, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n, drop, m_i, l_i, alpha);
+                    sm90_softmax<NS, FEAT, KPM>(sc, p, 0, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n, drop, m_i, l_i,
+                                                alpha);
                     sm90_pack_p<NS, T>(sc, pk);
                 }
                 int sv = s, phase_v = phase; /* the stage whose V the pending P V reads */
@@ -568,7 +570,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                         mbar_arrive(&k_empty[s]);
                         if (!Q_REGS && j == n_kv - 1) mbar_arrive(q_empty);
                     }
-                    sm90_softmax<NS, FEAT, KPM>(sc, p, j * BC, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n, drop, m_i, l_i, alpha);
+                    sm90_softmax<NS, FEAT, KPM>(sc, p, j * BC, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n, drop, m_i,
+                                                l_i, alpha);
                     wgmma_wait<0>(); /* P_{j-1} V_{j-1} landed */
                     if (lane == 0) mbar_arrive(&v_empty[sv]);
 #pragma unroll
@@ -663,9 +666,9 @@ static void sm90_extent(const fs_attn_params *p, int query_side, int *S, int *B)
 
 /* Whether blocks claim their items as they go (a.claims) rather than by stride: where items differ in cost,
  * causal ones (1 to Sk / Bc key tiles; by stride the busiest block gets 3-6% above the mean on the causal sweep),
- * packed sequences of mixed lengths and padding masks, and heads whose last query tile leaves warpgroups idle (Br not dividing Sq;
- * at NWG = 3 each block of a stride takes the same query tile of every head it visits: S = 1024 with Br = 192,
- * 8-12% faster claimed). */
+ * packed sequences of mixed lengths and padding masks, and heads whose last query tile leaves warpgroups idle (Br
+ * not dividing Sq; at NWG = 3 each block of a stride takes the same query tile of every head it visits: S = 1024
+ * with Br = 192, 8-12% faster claimed). */
 static int sm90_claims(const fs_attn_params *p, int br)
 {
     return p->causal || p->cu_seqlens_q || p->kpm || p->Sq % br;
@@ -708,12 +711,13 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
         *plan = fs_sm80_plan{0, 1, BR, BC, THREADS, SMEM, a.n_qtiles, 1, 1, grid, 0, p->rotary ? 2 : 0};
         return cudaSuccess;
     }
-    /* workspace: the claim counters, then (T5) the expanded tables, (key padding) the mask spans, (rotary) q and k
-     * rotated by the pre-pass */
+    /* workspace: the claim counters, then (T5) the expanded tables, (key padding) each batch's end and drop words,
+     * (rotary) q and k rotated by the pre-pass */
     const int claims = sm90_claims(p, BR);
     a.kpm_tiles = (p->Sk + BC - 1) / BC;
     const size_t kpm_at = FS_COUNTER_BYTES + (size_t)p->H * a.t5_row * 4;
-    const size_t kpm_bytes = p->kpm ? (size_t)p->B * (1 + 4 * a.kpm_tiles) * 4 : 0, rot_at = (kpm_at + kpm_bytes + 255) / 256 * 256;
+    const size_t kpm_bytes = p->kpm ? (size_t)p->B * (1 + 4 * a.kpm_tiles) * 4 : 0;
+    const size_t rot_at = (kpm_at + kpm_bytes + 255) / 256 * 256;
     void *ws = NULL;
     cudaError_t err = fs_kernel_prepare(kernel, &handle, SMEM, device);
     if (err == cudaSuccess && (claims || p->t5_table || p->kpm || p->rotary))
@@ -734,9 +738,9 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
         a.kpm_end = end;
         a.kpm_drop = drop;
     }
-    fs_attn_params rotated;
-    if (p->rotary) {
-        if (err == cudaSuccess) err = fs_rotary_qk(p, device, stream, wsb + rot_at, &rotated);
+    fs_attn_params rotated; /* from here on p describes the rotated copies */
+    if (p->rotary && err == cudaSuccess) {
+        err = fs_rotary_qk(p, device, stream, wsb + rot_at, &rotated);
         a.p = rotated;
         p = &rotated;
     }

@@ -1,7 +1,8 @@
-/* Rotary pre-pass for the Hopper attention kernel: q and k rotated once (ESM / HF convention, rotary.cuh) into
- * contiguous (batch, head, seq, dim) copies in the launch's workspace, which the attention kernel then reads through
- * its TMA maps like any other input. The sm80 kernel rotates in shared memory instead, where every query tile's block
- * turns each K tile again (53% over the plain kernel at 8 x 40 x 1024 x 64); here each key is turned once.
+/* Rotary pre-pass for the attention kernels (the Hopper one always, the sm80 one from 512 queries and keys): q and k
+ * rotated once (ESM / HF convention, rotary.cuh) into contiguous (batch, head, seq, dim) copies in the launch's
+ * workspace, which the attention kernel then reads like any other input. Below that the sm80 kernel rotates in shared
+ * memory, where every query tile's block turns each K tile again (53% over the plain kernel at 8 x 40 x 1024 x 64);
+ * here each key is turned once.
  *
  * Build: part of the extension (CMakeLists.txt); alone: nvcc -O3 -gencode=arch=compute_90,code=sm_90 -c kernels/rotary.cu
  * Run:   pytest tests/test_attention_features_gpu.py -k rotary (against HF's ESM rotary + float64 attention)

@@ -452,9 +452,9 @@ def test_hopper_t5_tables_across_items(d):
 @pytest.mark.parametrize("kernel", ["auto", "sm80"])
 def test_rotary_prepass(kernel, d, causal, dtype):
     """Rotary through the pre-pass of q and k into the workspace: always on the sm90 kernel (enough heads for it on
-    Hopper), on the sm80 one from 512 queries and keys (forced here on Hopper too). bshd strided views with
-    Sq != Sk, seqlens with empty and length-1 rows, packed sequences with the T5 bias, and a graph replay (the
-    workspace allocated under capture)."""
+    Hopper), on the sm80 one from 512 queries and keys (forced here on Hopper too; its 300-query case rotates in the
+    kernel). bshd strided views with Sq != Sk, seqlens with empty and length-1 rows, packed sequences with the T5
+    bias, and a graph replay (the workspace allocated under capture)."""
     hopper = torch.cuda.get_device_capability()[0] == 9 and "90a" in flashsci.build_info()["cuda_architectures"]
     flashsci._flashsci._set_attention_kernel(kernel)
     try:
