@@ -10,6 +10,7 @@ import pytest
 
 import flashsci
 from test_attention_features_cpu import t5_buckets
+from test_attention_gpu import hopper_kernel
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -82,7 +83,7 @@ def test_key_padding_mask(h, d, causal, dtype):
     """The sm80 kernel (three heads at D = 64), skipping all-padding key tiles, and the sm90 one on Hopper, whose keys
     end at each batch's last kept one, the others dropped one by one."""
     b, s = 4, 333
-    hopper = torch.cuda.get_device_capability()[0] == 9 and "90a" in flashsci.build_info()["cuda_architectures"]
+    hopper = hopper_kernel()
     plan = flashsci._flashsci._launch_plan(b, h, s, s, d, causal, key_padding_mask=True)
     assert plan["kernel"] == ("sm90" if hopper and (h == 40 or d == 128) else "sm80")
     q, k, v = (rand(b, h, s, d, dtype=dtype) for _ in range(3))
@@ -455,7 +456,7 @@ def test_rotary_prepass(kernel, d, causal, dtype):
     Hopper), on the sm80 one from 512 queries and keys (forced here on Hopper too; its 300-query case rotates in the
     kernel). bshd strided views with Sq != Sk, seqlens with empty and length-1 rows, packed sequences with the T5
     bias, and a graph replay (the workspace allocated under capture)."""
-    hopper = torch.cuda.get_device_capability()[0] == 9 and "90a" in flashsci.build_info()["cuda_architectures"]
+    hopper = hopper_kernel()
     flashsci._flashsci._set_attention_kernel(kernel)
     try:
         plan = flashsci._flashsci._launch_plan(2, 40, 300, 700, d, causal, rotary=True)

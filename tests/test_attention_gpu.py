@@ -17,6 +17,11 @@ PROTEIN = [(8, 40, 1024, 64), (8, 18, 1024, 64), (8, 32, 1024, 128), (1, 40, 614
 SWEEP = [(16384 // s, 2048 // d, s, d) for s in (512, 2048, 8192, 16384) for d in (64, 128)]
 
 
+def hopper_kernel():
+    """Whether Hopper problems may take the sm90 kernel here: an sm_90 device and a build with sm_90a code."""
+    return torch.cuda.get_device_capability()[0] == 9 and "90a" in flashsci.build_info()["cuda_architectures"]
+
+
 def reference(q, k, v, causal, scale):
     """float64 attention in (B, H, S, D), head by head chunks to bound memory; returns (out, lse)."""
     q, k, v = (x.double() for x in (q, k, v))
@@ -105,8 +110,7 @@ def test_cluster_split(d):
     """On Hopper, query tiles that leave most SMs idle and span 16-32 key tiles split their keys over a thread-block
     cluster, merged through distributed shared memory (empty splits included: causal, the first query tiles seeing
     few keys); elsewhere the same problems run unsplit or with KV groups."""
-    major, _ = torch.cuda.get_device_capability()
-    hopper = major == 9 and "90a" in flashsci.build_info()["cuda_architectures"]
+    hopper = hopper_kernel()
     sk = 1024 if d != 256 else 512  # 16 key tiles (Bc = 32 at D = 256)
     plan = flashsci._flashsci._launch_plan(1, 1, 100, sk, d)
     assert plan["kernel"] == "sm80" and plan["cluster"] == hopper
@@ -279,11 +283,10 @@ def test_cuda_array_interface_stream_is_honoured():
 def test_hopper_dispatch():
     """On sm_90 devices large fp16/bf16 problems at D = 64 and 128 run on the wgmma kernel (a persistent grid of
     at most one block per SM); small ones and other head dims on sm80."""
-    major, _ = torch.cuda.get_device_capability()
     plans = [flashsci._flashsci._launch_plan(8, h, 1024, 1024, d, False) for h, d in ((32, 128), (40, 64))]
     assert flashsci._flashsci._launch_plan(1, 1, 128, 128, 64, False)["kernel"] == "sm80"
     assert flashsci._flashsci._launch_plan(8, 40, 1024, 1024, 96, False)["kernel"] == "sm80"
-    hopper = major == 9 and "90a" in flashsci.build_info()["cuda_architectures"]
+    hopper = hopper_kernel()
     for plan in plans:
         assert plan["kernel"] == ("sm90" if hopper else "sm80")
         if hopper:
