@@ -116,6 +116,19 @@
 #include "tma.cuh"
 #include "workspace.h"
 
+#ifdef FS_SM90_TRACE /* benchmarks/trace_sm90.cu only: globaltimer stamps (ns) of each block, from consumer thread 128.
+ * [block][0]: block start, end of its items, block end; [block][1 + i]: item i's hand-off and end (its O store
+ * issued), (b H + h) << 32 | q0, 1 */
+#define FS_TRACE_ITEMS 64
+__device__ unsigned long long fs_sm90_trace[1024][FS_TRACE_ITEMS + 1][4];
+FS_DEV unsigned long long trace_now()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#endif
+
 /* ---- tile configuration, one place: per (D, Bc, consumer warpgroups NWG; Br = 64 NWG) the K/V ring stages and
  * the registers setmaxnreg gives each consumer thread (the producer warpgroup keeps 24). NWG: sm90_nwg; Bc = 128,
  * or 64 for the protein options on short key ranges (sm90_narrow_keys) ---- */
@@ -303,6 +316,10 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     sm90_work *s_work = reinterpret_cast<sm90_work *>(item_read + 1);
     const fs_attn_params &p = a.p;
     const int wg = threadIdx.x >> 7;
+#ifdef FS_SM90_TRACE
+    int trace_n = 0;
+    if (threadIdx.x == 0) fs_sm90_trace[blockIdx.x][0][0] = trace_now();
+#endif
     if (threadIdx.x == 0) {
         mbar_init(q_full, 1);
         mbar_init(q_empty, ARRIVALS); /* lane 0 of each consumer warp */
@@ -506,6 +523,10 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             const sm90_work w = *s_work;
             mbar_arrive(item_read);
             const int n_kv = __reduce_max_sync(0xffffffffu, w.n_kv), k_len = w.seq.k_len;
+#ifdef FS_SM90_TRACE
+            const unsigned long long trace_t0 = trace_now();
+            if (n_kv < 0 && threadIdx.x == 128) fs_sm90_trace[blockIdx.x][0][1] = trace_t0;
+#endif
             if (n_kv < 0) break;
             const int row0 = w.q0 + cw * 64 + warp * 16 + g; /* this thread's rows in its sequence: row0, row0 + 8 */
             float o[NO * 4], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f}, alpha[2];
@@ -596,8 +617,20 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             }
 
             finish(w, row0, o, m_i, l_i);
+#ifdef FS_SM90_TRACE
+            if (threadIdx.x == 128 && trace_n < FS_TRACE_ITEMS) {
+                unsigned long long *r = fs_sm90_trace[blockIdx.x][1 + trace_n++];
+                r[0] = trace_t0;
+                r[1] = trace_now();
+                r[2] = (unsigned long long)(w.b * p.H + w.h) << 32 | (unsigned)w.q0;
+                r[3] = 1;
+            }
+#endif
         }
         if ((threadIdx.x & 127) == 0) bulk_wait(); /* the last stores done before the block exits */
+#ifdef FS_SM90_TRACE
+        if (threadIdx.x == 128) fs_sm90_trace[blockIdx.x][0][2] = trace_now();
+#endif
     }
 #endif
 }

@@ -1,0 +1,122 @@
+/* Where a Hopper attention launch spends its time (fp16, bhsd, random inputs over 8 sets): the launch time by CUDA
+ * events, then from one traced launch (kernel built with FS_SM90_TRACE, globaltimer stamps) the spread of block
+ * starts, each block's first item, the duration of later items (full query tiles, and light ones whose tile has idle
+ * warpgroups), when each block's last item ends and how many items each block took. Session 19 found ESM-C's
+ * 7 us between the mean and the last block end with it (NOTES.md).
+ *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DFLASHSCI_SM90A -Ikernels -o /tmp/trace_sm90 \
+ *        benchmarks/trace_sm90.cu kernels/workspace.cu kernels/rotary.cu -lcuda
+ *   /tmp/trace_sm90 B H S D [causal]
+ * -DKERNEL_SRC='"path"' traces another copy of attention_sm90.cu (variants side by side on one machine). */
+#define FS_SM90_TRACE
+#ifndef KERNEL_SRC
+#define KERNEL_SRC "../kernels/attention_sm90.cu"
+#endif
+#include KERNEL_SRC
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <algorithm>
+#include <vector>
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+
+/* Random fp16 values in [-1, 1) on the device. */
+__global__ void fill(__half *x, size_t n, unsigned seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        unsigned h = (unsigned)i * 2654435761u ^ seed;
+        h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+        x[i] = __float2half((float)(h & 0xffff) / 32768.f - 1.f);
+    }
+}
+
+typedef unsigned long long u64;
+static u64 trace[1024][FS_TRACE_ITEMS + 1][4];
+
+int main(int argc, char **argv)
+{
+    if (argc < 5) { printf("usage: %s B H S D [causal]\n", argv[0]); return 2; }
+    const int B = atoi(argv[1]), H = atoi(argv[2]), S = atoi(argv[3]), D = atoi(argv[4]), causal = argc > 5 && atoi(argv[5]);
+    int dev = 0, sms = 0;
+    CK(cudaSetDevice(dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const size_t n = (size_t)B * H * S * D;
+    const int sets = 8; /* input sets rotated over, beyond L2 */
+    std::vector<__half *> q(sets), k(sets), v(sets), o(sets);
+    for (int i = 0; i < sets; i++) {
+        CK(cudaMalloc(&q[i], n * 2)); CK(cudaMalloc(&k[i], n * 2)); CK(cudaMalloc(&v[i], n * 2)); CK(cudaMalloc(&o[i], n * 2));
+        fill<<<512, 256>>>(q[i], n, 3 * i + 1); fill<<<512, 256>>>(k[i], n, 3 * i + 2); fill<<<512, 256>>>(v[i], n, 3 * i + 3);
+    }
+    fs_attn_params p;
+    memset(&p, 0, sizeof p);
+    p.B = B; p.H = H; p.Sq = S; p.Sk = S; p.D = D; p.scale = 1.0 / sqrt((double)D); p.causal = causal; p.dtype = FS_F16;
+    p.q_ss = p.k_ss = p.v_ss = p.o_ss = D; p.q_sh = p.k_sh = p.v_sh = p.o_sh = (int64_t)S * D;
+    p.q_sb = p.k_sb = p.v_sb = p.o_sb = (int64_t)H * S * D;
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    auto run = [&](int i) {
+        p.q = q[i % sets]; p.k = k[i % sets]; p.v = v[i % sets]; p.o = o[i % sets];
+        CK(fs_attention_sm90(&p, dev, sms, st, NULL));
+        CK(cudaGetLastError());
+    };
+    for (int i = 0; i < 20; i++) run(i);
+    CK(cudaStreamSynchronize(st));
+    /* event time per launch, median of 7 batches of 20 */
+    std::vector<float> ts;
+    for (int r = 0; r < 7; r++) {
+        CK(cudaEventRecord(e0, st));
+        for (int i = 0; i < 20; i++) run(i);
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        ts.push_back(ms * 1000.f / 20);
+    }
+    std::sort(ts.begin(), ts.end());
+    printf("%dx%dx%dx%d causal %d: %.1f us per launch (events, back to back)\n", B, H, S, D, causal, ts[3]);
+    for (int rep = 0; rep < 3; rep++) {
+        static u64 zero[1024][FS_TRACE_ITEMS + 1][4];
+        CK(cudaMemcpyToSymbol(fs_sm90_trace, zero, sizeof zero));
+        run(rep + 1);
+        CK(cudaStreamSynchronize(st));
+        CK(cudaMemcpyFromSymbol(trace, fs_sm90_trace, sizeof trace));
+        u64 t0 = ~0ull, tend = 0;
+        int blocks = 0;
+        for (int b = 0; b < 1024 && trace[b][0][0]; b++, blocks++) { t0 = std::min(t0, trace[b][0][0]); tend = std::max(tend, trace[b][0][2]); }
+        std::vector<double> start, first_item, last_end, dur_full, dur_light, dur_first;
+        std::vector<int> count;
+        for (int b = 0; b < blocks; b++) {
+            start.push_back((trace[b][0][0] - t0) * 1e-3);
+            int c = 0;
+            double prev_end = 0;
+            for (int i = 1; i <= FS_TRACE_ITEMS && trace[b][i][3]; i++, c++) {
+                const double s0 = (trace[b][i][0] - t0) * 1e-3, s1 = (trace[b][i][1] - t0) * 1e-3;
+                const int q0 = (int)(trace[b][i][2] & 0xffffffffu);
+                if (i == 1) { first_item.push_back(s0); dur_first.push_back(s1 - s0); }
+                else (q0 + 64 * (D == 64 ? 3 : 2) > S ? dur_light : dur_full).push_back(s1 - (prev_end > s0 ? prev_end : s0));
+                prev_end = s1;
+            }
+            count.push_back(c);
+            last_end.push_back(prev_end);
+        }
+        auto stat = [](const char *name, std::vector<double> x) {
+            if (x.empty()) return;
+            std::sort(x.begin(), x.end());
+            double m = 0; for (double y : x) m += y;
+            printf("  %-22s n %4zu  min %7.2f  p10 %7.2f  med %7.2f  p90 %7.2f  max %7.2f  mean %7.2f\n", name, x.size(), x[0],
+                   x[x.size() / 10], x[x.size() / 2], x[x.size() * 9 / 10], x.back(), m / x.size());
+        };
+        printf("launch %d: %d blocks, span %.2f us (first block start to last block end)\n", rep, blocks, (tend - t0) * 1e-3);
+        stat("block start", start);
+        stat("first item received", first_item);
+        stat("first item duration", dur_first);
+        stat("full item (after 1st)", dur_full);
+        stat("light item", dur_light);
+        stat("last item end", last_end);
+        std::vector<double> cnt(count.begin(), count.end());
+        stat("items per block", cnt);
+    }
+    return 0;
+}
