@@ -116,9 +116,9 @@
 #include "tma.cuh"
 #include "workspace.h"
 
-#ifdef FS_SM90_TRACE /* benchmarks/trace_sm90.cu only: globaltimer stamps (ns) of each block, from consumer thread 128.
- * [block][0]: block start, end of its items, block end; [block][1 + i]: item i's hand-off and end (its O store
- * issued), (b H + h) << 32 | q0, 1 */
+#ifdef FS_SM90_TRACE /* benchmarks/trace_sm90.cu only: globaltimer stamps (ns) per block. [block][0]: its start (thread
+ * 0), the hand-off of the end marker and its end (consumer thread 128); [block][1 + i]: item i's hand-off and end (its O
+ * store issued) as consumer thread 128 sees them, (b H + h) << 32 | q0, 1. The first FS_TRACE_ITEMS items of a block. */
 #define FS_TRACE_ITEMS 64
 __device__ unsigned long long fs_sm90_trace[1024][FS_TRACE_ITEMS + 1][4];
 FS_DEV unsigned long long trace_now()
