@@ -104,6 +104,14 @@
  *       rotary 466 -> 245 us; padded UniProt batches of ESM2-3B heads with a mask 329-2725 -> 158-1499 us (SDPA with
  *       the mask 306-2290). Measured first inside the FEAT kernels: the packed batches without a mask ran 1-3% slower
  *       there, so the mask has its own instantiations and the others' SASS is unchanged
+ *   v6.7 plain non-causal launches whose last query tiles leave warpgroups idle (light tiles, 0.63 of a full tile's time
+ *       for a third of its rows at D = 64) put the light tiles of the last grid / 3 heads at the end of the item order,
+ *       where they fill the blocks that end early (benchmarks/trace_sm90.cu: the blocks ended 7 us apart). Producer
+ *       only; the consumers' SASS is unchanged. H100, graph replay, three rounds, us: ESM-C 92.8, 89.9, 90.9 -> 87.6,
+ *       87.9, 91.4; ESM2-3B 198.6, 193.2, 190.9 -> 180.9, 197.8, 191.0; 16x32x1024 314.8, 315.6, 316.0 -> 305.3,
+ *       309.5, 306.3; 4x32x4096 level. Tried and dropped (NOTES.md, session 19): three heads' light tiles as one item
+ *       (the main loop 3.5% slower from codegen, the shared ring too shallow), a tail kernel ahead of or behind the
+ *       main one by programmatic dependent launch (cold or latency-bound tail items)
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -158,6 +166,7 @@ typedef struct {
     float scale_log2; /* scale * log2(e) */
     int n_qtiles, items;
     int section; /* causal: heads per section of the item order (sm90_section) */
+    int late_heads; /* plain, non-causal, light last tiles: the last late_heads heads' light tiles end the order (0: none) */
     int *claims; /* NULL: block b takes items b, b + grid, ...; else [next, blocks done], zero between launches:
                     after its first item a block claims the next unclaimed one */
     int t5_lneg, t5_n; /* FEAT, T5: bias of relative positions -t5_lneg .. t5_n - 1 - t5_lneg (fs_t5_span) */
@@ -183,6 +192,13 @@ static_assert(sizeof(sm90_work) <= FS_SM90_WORK_BYTES, "the work item fits its s
 template <bool FEAT, bool KPM> FS_DEV sm90_work sm90_item(const fs_sm90_args &a, int t, int br, int bc)
 {
     const fs_attn_params &p = a.p;
+    if (!FEAT && a.late_heads) { /* the last late_heads heads: their full tiles head by head, then their light ones */
+        const int nq = a.n_qtiles, late0 = p.B * p.H - a.late_heads, u = t - late0 * nq, light = u - a.late_heads * (nq - 1);
+        if (u >= 0) {
+            const int bh = late0 + (light >= 0 ? light : u / (nq - 1)), b = bh / p.H;
+            return sm90_work{b, bh % p.H, (light >= 0 ? nq - 1 : u % (nq - 1)) * br, (p.Sk + bc - 1) / bc, b, 0, fs_seq{0, 0, p.Sq, p.Sk}};
+        }
+    }
     const int bh_count = p.B * p.H, first = t / (a.section * a.n_qtiles) * a.section; /* causal: the section's */
     const int heads = min(a.section, bh_count - first), r = t - first * a.n_qtiles;   /* first head, its heads */
     const int bh = p.causal ? first + r % heads : t / a.n_qtiles, b = bh / p.H;
@@ -740,6 +756,10 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     a.items = (int)items;
     a.claims = NULL;
     const int grid = items < sm_count ? (int)items : sm_count;
+    /* light last tiles (idle warpgroups) of the last grid / 3 heads at the end of the order, where their 8 us fill the
+     * blocks that end early (ESM-C: 0.63 of a full tile's time; the blocks ended 7 us apart, benchmarks/trace_sm90.cu) */
+    const long long late = grid / 3 > 0 ? grid / 3 : 1, heads = (long long)p->B * p->H;
+    a.late_heads = !FEAT && !p->causal && p->Sq % BR && a.n_qtiles > 1 ? (int)(late < heads ? late : heads) : 0;
     if (plan) {
         *plan = fs_sm80_plan{0, 1, BR, BC, THREADS, SMEM, a.n_qtiles, 1, 1, grid, 0, p->rotary ? 2 : 0};
         return cudaSuccess;
