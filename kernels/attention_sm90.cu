@@ -106,7 +106,8 @@
  *       there, so the mask has its own instantiations and the others' SASS is unchanged
  *   v6.7 plain non-causal launches whose last query tiles leave warpgroups idle (light tiles, 0.63 of a full tile's time
  *       for a third of its rows at D = 64) put the light tiles of the last grid / 3 heads at the end of the item order,
- *       where they fill the blocks that end early (benchmarks/trace_sm90.cu: the blocks ended 7 us apart). Producer
+ *       where they fill the blocks that end early (benchmarks/trace_sm90.cu: the blocks ended 7 us apart), as many heads
+ *       as keep their K/V in L2 meanwhile (all 32 heads of 1 x 32 x 16384: 4466 -> 4670 us). Producer
  *       only; the consumers' SASS is unchanged. H100, graph replay, three rounds, us: ESM-C 92.8, 89.9, 90.9 -> 87.6,
  *       87.9, 91.4; ESM2-3B 198.6, 193.2, 190.9 -> 180.9, 197.8, 191.0; 16x32x1024 314.8, 315.6, 316.0 -> 305.3,
  *       309.5, 306.3; 4x32x4096 level. Tried and dropped (NOTES.md, session 19): three heads' light tiles as one item
@@ -757,9 +758,11 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     a.claims = NULL;
     const int grid = items < sm_count ? (int)items : sm_count;
     /* light last tiles (idle warpgroups) of the last grid / 3 heads at the end of the order, where their 8 us fill the
-     * blocks that end early (ESM-C: 0.63 of a full tile's time; the blocks ended 7 us apart, benchmarks/trace_sm90.cu) */
-    const long long late = grid / 3 > 0 ? grid / 3 : 1, heads = (long long)p->B * p->H;
-    a.late_heads = !FEAT && !p->causal && p->Sq % BR && a.n_qtiles > 1 ? (int)(late < heads ? late : heads) : 0;
+     * blocks that end early (ESM-C: 0.63 of a full tile's time; the blocks ended 7 us apart, benchmarks/trace_sm90.cu);
+     * at most the heads whose K/V stay in L2 meanwhile (a.section: with all 32 heads' light tiles last, 1 x 32 x 16384
+     * took 4670 us against 4466) */
+    const int late = grid / 3 < a.section ? grid / 3 : a.section;
+    a.late_heads = !FEAT && !p->causal && p->Sq % BR && a.n_qtiles > 1 ? (late > 0 ? late : 1) : 0;
     if (plan) {
         *plan = fs_sm80_plan{0, 1, BR, BC, THREADS, SMEM, a.n_qtiles, 1, 1, grid, 0, p->rotary ? 2 : 0};
         return cudaSuccess;
