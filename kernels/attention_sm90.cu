@@ -194,10 +194,11 @@ template <bool FEAT, bool KPM> FS_DEV sm90_work sm90_item(const fs_sm90_args &a,
 {
     const fs_attn_params &p = a.p;
     if (!FEAT && a.late_heads) { /* the last late_heads heads: their full tiles head by head, then their light ones */
-        const int nq = a.n_qtiles, late0 = p.B * p.H - a.late_heads, u = t - late0 * nq, light = u - a.late_heads * (nq - 1);
+        const int nq = a.n_qtiles, late0 = p.B * p.H - a.late_heads, u = t - late0 * nq;
+        const int light = u - a.late_heads * (nq - 1); /* >= 0: the light tile of head late0 + light */
         if (u >= 0) {
-            const int bh = late0 + (light >= 0 ? light : u / (nq - 1)), b = bh / p.H;
-            return sm90_work{b, bh % p.H, (light >= 0 ? nq - 1 : u % (nq - 1)) * br, (p.Sk + bc - 1) / bc, b, 0, fs_seq{0, 0, p.Sq, p.Sk}};
+            const int bh = late0 + (light >= 0 ? light : u / (nq - 1)), b = bh / p.H, tile = light >= 0 ? nq - 1 : u % (nq - 1);
+            return sm90_work{b, bh % p.H, tile * br, (p.Sk + bc - 1) / bc, b, 0, fs_seq{0, 0, p.Sq, p.Sk}};
         }
     }
     const int bh_count = p.B * p.H, first = t / (a.section * a.n_qtiles) * a.section; /* causal: the section's */
@@ -724,9 +725,9 @@ static int sm90_claims(const fs_attn_params *p, int br)
     return p->causal || p->cu_seqlens_q || p->kpm || p->Sq % br;
 }
 
-/* Heads per section of the causal item order: as many as have their K and V in 24 MiB, about half the L2 of an
- * H100 or H200. Heaviest-first over all heads at once (v5.3) streamed every head's K/V from memory for each of its
- * query tiles: 16 x 16 x 1024 x 128 took 260 us on the H100 against cuDNN's 190. */
+/* Heads per section of the causal item order, and at most the late heads of v6.7: as many as have their K and V in
+ * 24 MiB, about half the L2 of an H100 or H200. Heaviest-first over all heads at once (v5.3) streamed every head's K/V
+ * from memory for each of its query tiles: 16 x 16 x 1024 x 128 took 260 us on the H100 against cuDNN's 190. */
 static int sm90_section(const fs_attn_params *p)
 {
     const long long fit = (24LL << 20) / (4LL * p->Sk * p->D), heads = (long long)p->B * p->H;
