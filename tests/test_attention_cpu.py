@@ -89,10 +89,12 @@ def test_large_threaded_problem_matches_reference():
 
 
 def test_extreme_scores_stay_finite():
-    """Online softmax must rescale: scores of +-1e4 overflow a naive exp."""
+    """Online softmax must rescale: scores in the thousands overflow a naive exp. q and k hold integers, so float32
+    forms the scores exactly and the bound tests the rescaling alone (with real q and k of that size the rounding of
+    the scores, |s| 2^-24 ~ 0.01, moved near-tied weights past 1e-3 in 7 of 3000 draws)."""
     rng = np.random.default_rng()
-    q = (rng.standard_normal((1, 1, 40, 16)) * 300).astype(np.float32)
-    k = (rng.standard_normal((1, 1, 300, 16)) * 300).astype(np.float32)
+    q = rng.integers(-60, 61, (1, 1, 40, 16)).astype(np.float32)
+    k = rng.integers(-60, 61, (1, 1, 300, 16)).astype(np.float32)
     v = rng.standard_normal((1, 1, 300, 16)).astype(np.float32)
     out = flashsci.attention(q, k, v)
     ref, _ = reference_attention(q, k, v)
