@@ -95,7 +95,7 @@ int main(int argc, char **argv)
                 const double s0 = (trace[b][i][0] - t0) * 1e-3, s1 = (trace[b][i][1] - t0) * 1e-3;
                 const int q0 = (int)(trace[b][i][2] & 0xffffffffu);
                 if (i == 1) { first_item.push_back(s0); dur_first.push_back(s1 - s0); }
-                else (q0 + 64 * (D == 64 ? 3 : 2) > S ? dur_light : dur_full).push_back(s1 - (prev_end > s0 ? prev_end : s0));
+                else (q0 + 64 * sm90_nwg(D) > S ? dur_light : dur_full).push_back(s1 - (prev_end > s0 ? prev_end : s0));
                 prev_end = s1;
             }
             count.push_back(c);
