@@ -102,7 +102,8 @@ def main():
     print(f"{'kernel':>10} {'us/call':>9} {'J/call':>8} {'SM MHz':>7} {'TF/s':>7} {'GFLOP/J':>8} {'kcycles/call':>13}")
     for name, r in rows.items():
         us, j, mhz = (statistics.median(x[i] for x in r) for i in range(3))
-        print(f"{name:>10} {us:9.1f} {j:8.3f} {mhz:7.0f} {flops / us / 1e6:7.1f} {flops / j / 1e9:8.1f} {us * mhz / 1e3:13.1f}")
+        per_j = f"{flops / j / 1e9:8.1f}" if j > 0 else f"{'-':>8}"  # short turns: the energy counter may not move
+        print(f"{name:>10} {us:9.1f} {j:8.3f} {mhz:7.0f} {flops / us / 1e6:7.1f} {per_j} {us * mhz / 1e3:13.1f}")
 
 
 if __name__ == "__main__":
