@@ -435,10 +435,11 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
         };
         /* S = Q_i K^T on stage s (landed): D/16 k-steps, each 32 bytes further along a 128-byte row (next half at kk = 4) */
         auto issue_s = [&](float (&sc)[NS * 4]) {
-            const uint32_t k_addr = k_base + s * BC * D * 2;
+            const uint64_t dk0 = desc_sw128(k_base + s * BC * D * 2, 16, 1024); /* + offset >> 4: the address field
+                                                                                  * holds addr >> 4, below 2^14 */
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
-                const uint64_t dk = desc_sw128(k_addr + (kk >> 2) * BC * 128 + 32 * (kk & 3), 16, 1024);
+                const uint64_t dk = dk0 + (((kk >> 2) * BC * 128 + 32 * (kk & 3)) >> 4);
                 if constexpr (Q_REGS) wgmma_rs_kmajor<BC, T>(sc, qf[kk], dk, kk > 0);
                 else wgmma_ss<BC, T>(sc, desc_sw128(q_addr + (kk >> 2) * BR * 128 + 32 * (kk & 3), 16, 1024), dk, kk > 0);
             }
@@ -446,11 +447,11 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
         };
         /* O_i += P V on stage sv (landed): Bc/16 k-steps of 16 V rows (2 KiB) each */
         auto issue_pv = [&](float (&o)[NO * 4], const uint32_t (&pk)[NS][2], int sv) {
-            const uint32_t v_addr = v_base + sv * BC * D * 2;
+            const uint64_t dv0 = desc_sw128(v_base + sv * BC * D * 2, BC * 128, 1024);
 #pragma unroll
             for (int kk = 0; kk < BC / 16; kk++) {
                 const uint32_t af[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
-                wgmma_rs<D, T>(o, af, desc_sw128(v_addr + kk * 16 * 128, BC * 128, 1024));
+                wgmma_rs<D, T>(o, af, dv0 + kk * 16 * 128 / 16);
             }
             wgmma_commit();
         };
