@@ -113,6 +113,12 @@
  *       309.5, 306.3; 4x32x4096 level. Tried and dropped (NOTES.md, session 19): three heads' light tiles as one item
  *       (the main loop 3.5% slower from codegen, the shared ring too shallow), a tail kernel ahead of or behind the
  *       main one by programmatic dependent launch (cold or latency-bound tail items)
+ *   v6.8 each wgmma descriptor built once per stage and advanced by adding offset >> 4 (SASS: 2744 -> 2616 instructions
+ *       in the plain D = 128 kernel, uniform LOP3/SHF 104 -> 20). H100, ab_quick.sh, two rounds, us: 2x32x8192x64 2205,
+ *       2197 -> 2139, 2152; 4x32x4096x64 1159, 1144 -> 1125, 1142; D = 128 level. Tried and dropped (NOTES.md, session
+ *       21): L2 prefetch of the coming K/V tiles and the next item's by cp.async.bulk.prefetch.tensor from the producer
+ *       (ProtT5-XL 262 -> 350 us); three consumer warpgroups at D = 128 with Bc = 64 (7-10% slower); a third V stage
+ *       at D = 128 (level, causal 2-3% slower)
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
