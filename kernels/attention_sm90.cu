@@ -321,7 +321,11 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
 {
 #ifdef FS_WGMMA
     using tile = fs_sm90_tile<D, BC, NWG>;
-    static_assert(128 * 24 + 128 * NWG * tile::REGS <= 65536, "setmaxnreg: the warpgroups' registers fit the SM's 64 Ki");
+    /* setmaxnreg moves registers within the block's launch allocation: its threads times the per-thread count, at most
+     * 64 Ki / threads rounded down to 8 (168 at 384 threads). A consumer's .inc past it never returns */
+    constexpr int THREADS = (NWG + 1) * 128;
+    static_assert(128 * 24 + 128 * NWG * tile::REGS <= THREADS * (65536 / THREADS / 8 * 8),
+                  "setmaxnreg: the warpgroups' registers fit the block's allocation");
     constexpr int STAGES = tile::STAGES;
     constexpr int BR = 64 * NWG, NS = BC / 8, NO = D / 8, HALVES = D / 64, ARRIVALS = 4 * NWG;
     extern __shared__ unsigned char smem_raw[];
