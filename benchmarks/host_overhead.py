@@ -37,8 +37,10 @@ def main():
     small_np = q.cpu().numpy()
     raw = torch._C._cuda_getCurrentRawStream
     rows = [
-        ("torch route: flashsci _inspect(t) (dtype, is_cuda, get_device, requires_grad, shape, stride, data_ptr)",
+        ("torch route: flashsci _inspect(t) (DLPack C exchange table where torch has one, + requires_grad)",
          lambda: _flashsci._inspect(q)),
+        ("torch attribute route: _inspect(t, 'torch_attrs') (dtype, is_cuda, get_device, requires_grad, shape, stride, "
+         "data_ptr)", lambda: _flashsci._inspect(q, "torch_attrs")),
         ("DLPack route: flashsci _inspect(t, 'dlpack') (t.__dlpack__ + capsule)", lambda: _flashsci._inspect(q, "dlpack")),
         ("CUDA array interface route: flashsci _inspect(t, 'cai')", lambda: _flashsci._inspect(q, "cai")),
         ("t.__dlpack__() alone", lambda: q.__dlpack__()),
@@ -65,12 +67,14 @@ def main():
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, "host_overhead_" + "".join(c if c.isalnum() else "_" for c in gpu))
-        meta = {"gpu": gpu, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+        meta = {"gpu": gpu, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "c_exchange": _flashsci._inspect(q)["c_exchange"]}
         with open(stem + ".json", "w") as f:
             json.dump({"meta": meta, "rows": results}, f, indent=1)
         with open(stem + ".md", "w") as f:
             f.write(f"# Host cost per call — {gpu}\n\ntorch {meta['torch']}, {meta['date']}; timeit medians of "
-                    "back-to-back calls on (1, 1, 32, 64) fp16 CUDA tensors.\n\n| what | µs per call |\n|---|---|\n")
+                    "back-to-back calls on (1, 1, 32, 64) fp16 CUDA tensors; torch tensors read through the DLPack C "
+                    f"exchange table: {'yes' if meta['c_exchange'] else 'no'}.\n\n| what | µs per call |\n|---|---|\n")
             f.writelines(f"| {r['what']} | {r['us_per_call']:.2f} |\n" for r in results)
 
 

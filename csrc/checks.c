@@ -140,13 +140,7 @@ PyObject *fs_new_output(fs_state *st, const fs_tensor *q, int ndim, const int64_
     PyObject *obj = NULL;
     if (q->source == FS_SRC_TORCH) {
         if (!(obj = torch_new(st, q, ndim, shape, dtype))) return NULL;
-        PyObject *ptr = PyObject_VectorcallMethod(st->s_data_ptr, &obj, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        if (!ptr || (!(*data = PyLong_AsVoidPtr(ptr)) && PyErr_Occurred())) {
-            Py_XDECREF(ptr);
-            Py_DECREF(obj);
-            return NULL;
-        }
-        Py_DECREF(ptr);
+        if (fs_torch_data_ptr(st, obj, data) < 0) Py_CLEAR(obj);
     } else if (q->source == FS_SRC_NUMPY) {
         npy_intp dims[FS_MAX_NDIM];
         for (int i = 0; i < ndim; i++) dims[i] = (npy_intp)shape[i];

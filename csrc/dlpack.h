@@ -1,5 +1,5 @@
-/* DLPack ABI, written from the DLPack specification (v1.1; the legacy v0 struct beside it).
- * Debian ships a 0.6 header without the versioned struct, so the project defines its own. */
+/* DLPack ABI, written from the DLPack specification (v1.1 structs, the legacy v0 struct beside them, and the
+ * v1.2 C exchange table). Debian ships a 0.6 header without the versioned struct, so the project defines its own. */
 #ifndef FLASHSCI_DLPACK_H
 #define FLASHSCI_DLPACK_H
 
@@ -43,5 +43,25 @@ typedef struct DLManagedTensorVersioned {
     uint64_t flags;
     DLTensor dl_tensor;
 } DLManagedTensorVersioned;
+
+/* The C exchange table (DLPack >= 1.2) a producer type publishes as the PyCapsule "dlpack_exchange_api" in its
+ * __dlpack_c_exchange_api__ attribute: tensors read and made without Python calls. Every function returns 0, or -1
+ * with a Python exception set (the allocator reports through set_error instead). */
+#define FS_DLPACK_EXCHANGE_MINOR 2
+typedef struct DLPackExchangeAPIHeader {
+    DLPackVersion version;
+    struct DLPackExchangeAPIHeader *prev_api;
+} DLPackExchangeAPIHeader;
+
+typedef struct {
+    DLPackExchangeAPIHeader header;
+    int (*managed_tensor_allocator)(DLTensor *prototype, DLManagedTensorVersioned **out, void *error_ctx,
+                                    void (*set_error)(void *error_ctx, const char *kind, const char *message));
+    int (*managed_tensor_from_py_object_no_sync)(void *py_object, DLManagedTensorVersioned **out);
+    int (*managed_tensor_to_py_object_no_sync)(DLManagedTensorVersioned *tensor, void **out_py_object);
+    /* non-owning: shape, strides and data stay the producer's, valid while the object lives; may be NULL */
+    int (*dltensor_from_py_object_no_sync)(void *py_object, DLTensor *out);
+    int (*current_work_stream)(int32_t device_type, int32_t device_id, void **out_stream);
+} DLPackExchangeAPI;
 
 #endif

@@ -19,9 +19,11 @@ typedef struct {
     PyObject *torch_dtype[FS_NUM_DTYPES];
     PyObject *torch_current_stream; /* torch._C._cuda_getCurrentRawStream, NULL on CPU-only torch */
     PyObject *torch_empty_like;     /* torch.empty_like: the cheapest allocation for a contiguous output */
+    PyObject *torch_c_api;          /* torch.Tensor.__dlpack_c_exchange_api__ (torch >= 2.10), else NULL */
+    const DLPackExchangeAPI *torch_api; /* its table, when it can read tensors and name the current stream */
     PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_is_cuda, *s_is_cpu, *s_get_device,
         *s_new_empty, *s_requires_grad, *s_device, *s_dlpack, *s_dlpack_device, *s_cai, *s_stream,
-        *s_max_version, *s_cuda_stream, *s_cuda_stream_proto;
+        *s_max_version, *s_cuda_stream, *s_cuda_stream_proto, *s_c_exchange_api;
     PyObject *kw_names;             /* tuple of attention()'s keyword names, interned */
     int num_threads;                /* CPU threads for CPU kernels */
 } fs_state;
@@ -38,6 +40,7 @@ typedef struct {
     int is_cuda, device;            /* device is the CUDA ordinal, 0 on the CPU */
     int readonly, requires_grad;
     fs_source source;
+    int c_exchange;                 /* read through the DLPack C exchange table, no Python calls */
     PyObject *obj;                  /* the user's object, borrowed */
     DLManagedTensor *dl;            /* DLPack ownership, released by fs_tensor_release */
     DLManagedTensorVersioned *dlv;
@@ -51,12 +54,13 @@ const char *fs_dtype_name(fs_dtype dt);
 size_t fs_dtype_itemsize(fs_dtype dt);
 
 /* tensor.c */
-typedef enum { FS_ROUTE_AUTO, FS_ROUTE_DLPACK, FS_ROUTE_CAI } fs_route;
+typedef enum { FS_ROUTE_AUTO, FS_ROUTE_DLPACK, FS_ROUTE_CAI, FS_ROUTE_TORCH_ATTRS } fs_route;
 int fs_torch_refresh(fs_state *st);
 /* Read obj's array fields; allowed is a bit set of the dtypes this argument accepts (FS_FLOATS, ...). */
 int fs_tensor_import(fs_state *st, PyObject *obj, const char *name, uintptr_t stream, fs_route route,
                      unsigned allowed, fs_tensor *t);
 void fs_tensor_release(fs_tensor *t);
+int fs_torch_data_ptr(fs_state *st, PyObject *tensor, char **data);
 int fs_torch_current_stream(fs_state *st, int device, uintptr_t *stream);
 int fs_parse_stream(fs_state *st, PyObject *obj, uintptr_t *stream);
 PyObject *fs_tensor_describe(const fs_tensor *t);

@@ -1,6 +1,6 @@
 /* Tensor interop: read data pointer, dtype, shape, strides and device from NumPy arrays, torch tensors
- * (attribute fast path, no capsule), any __dlpack__ producer (versioned and legacy capsules) and any
- * __cuda_array_interface__ v2/v3 producer, without copying. */
+ * (DLPack C exchange table where torch has one, else attributes; no capsule either way), any __dlpack__ producer
+ * (versioned and legacy capsules) and any __cuda_array_interface__ v2/v3 producer, without copying. */
 #include "flashsci.h"
 
 #define NO_IMPORT_ARRAY
@@ -23,7 +23,25 @@ static const char *expected_list(unsigned allowed, char *buf, size_t n)
     return buf;
 }
 
-/* Cache torch.Tensor, its dtypes and the raw-stream getter once the user has imported torch. */
+/* Keep torch.Tensor's DLPack C exchange table (torch >= 2.10) when it is version 1.2 or later (or links to one) and
+ * can read tensors and name the current stream; older torch keeps the attribute route. */
+static void torch_c_api(fs_state *st, PyObject *tensor_type)
+{
+    PyObject *capsule = PyObject_GetAttr(tensor_type, st->s_c_exchange_api);
+    const DLPackExchangeAPIHeader *h = capsule && PyCapsule_IsValid(capsule, "dlpack_exchange_api")
+                                           ? PyCapsule_GetPointer(capsule, "dlpack_exchange_api") : NULL;
+    while (h && !(h->version.major == FS_DLPACK_MAJOR && h->version.minor >= FS_DLPACK_EXCHANGE_MINOR)) h = h->prev_api;
+    const DLPackExchangeAPI *api = (const DLPackExchangeAPI *)h;
+    PyErr_Clear();
+    if (api && api->dltensor_from_py_object_no_sync && api->current_work_stream) {
+        Py_XSETREF(st->torch_c_api, capsule);
+        st->torch_api = api;
+        return;
+    }
+    Py_XDECREF(capsule);
+}
+
+/* Cache torch.Tensor, its dtypes, the raw-stream getter and the C exchange table once the user has imported torch. */
 int fs_torch_refresh(fs_state *st)
 {
     static const char *dtype_names[FS_NUM_DTYPES] = {"float16", "bfloat16", "float32", "float64", "bool", "int32", "int64"};
@@ -45,6 +63,7 @@ int fs_torch_refresh(fs_state *st)
         Py_DECREF(c);
     }
     PyErr_Clear(); /* CPU-only torch has no raw-stream getter */
+    torch_c_api(st, tensor);
     st->torch_tensor_type = tensor;
     return 0;
 partial:
@@ -203,35 +222,25 @@ done:
     return rc;
 }
 
-/* Fill t from a DLTensor, checking device, dtype and layout. */
-static int from_dltensor(const DLTensor *d, const char *name, unsigned allowed, fs_tensor *t)
+/* flashsci's dtype for a DLPack dtype, FS_NUM_DTYPES when it has none. */
+static fs_dtype dl_dtype(DLDataType dt)
 {
-    if (d->device.device_type == kDLCPU) {
-        t->is_cuda = 0;
-        t->device = 0;
-    } else if (d->device.device_type == kDLCUDA) {
-        t->is_cuda = 1;
-        t->device = d->device.device_id;
-    } else {
-        PyErr_Format(PyExc_ValueError, "%s: DLPack device type %d is not supported (expected CPU=1 or CUDA=2)", name,
-                     (int)d->device.device_type);
-        return -1;
-    }
-    const DLDataType dt = d->dtype;
-    t->dtype = FS_NUM_DTYPES;
-    if (dt.lanes == 1 && dt.code == kDLFloat)
-        t->dtype = dt.bits == 16 ? FS_F16 : dt.bits == 32 ? FS_F32 : dt.bits == 64 ? FS_F64 : FS_NUM_DTYPES;
-    else if (dt.lanes == 1 && dt.code == kDLBfloat && dt.bits == 16) t->dtype = FS_BF16;
-    else if (dt.lanes == 1 && dt.code == kDLBool && dt.bits == 8) t->dtype = FS_BOOL;
-    else if (dt.lanes == 1 && dt.code == kDLInt) t->dtype = dt.bits == 32 ? FS_I32 : dt.bits == 64 ? FS_I64 : FS_NUM_DTYPES;
-    if (t->dtype == FS_NUM_DTYPES || !((allowed >> t->dtype) & 1)) {
-        char buf[48], list[96];
-        dl_dtype_name(dt, buf, sizeof buf);
-        PyErr_Format(PyExc_TypeError, "%s: dtype %s is not supported (expected %s)", name, buf,
-                     expected_list(allowed, list, sizeof list));
-        return -1;
-    }
-    if (check_ndim(name, d->ndim) < 0) return -1;
+    if (dt.lanes != 1) return FS_NUM_DTYPES;
+    if (dt.code == kDLFloat) return dt.bits == 16 ? FS_F16 : dt.bits == 32 ? FS_F32 : dt.bits == 64 ? FS_F64 : FS_NUM_DTYPES;
+    if (dt.code == kDLBfloat && dt.bits == 16) return FS_BF16;
+    if (dt.code == kDLBool && dt.bits == 8) return FS_BOOL;
+    if (dt.code == kDLInt) return dt.bits == 32 ? FS_I32 : dt.bits == 64 ? FS_I64 : FS_NUM_DTYPES;
+    return FS_NUM_DTYPES;
+}
+
+/* Fill t from a DLTensor; 0, or -1 with no exception set when its device, dtype or rank is not one flashsci takes. */
+static int dl_fill(const DLTensor *d, unsigned allowed, fs_tensor *t)
+{
+    if (d->device.device_type != kDLCPU && d->device.device_type != kDLCUDA) return -1;
+    t->is_cuda = d->device.device_type == kDLCUDA;
+    t->device = t->is_cuda ? d->device.device_id : 0;
+    t->dtype = dl_dtype(d->dtype);
+    if (t->dtype == FS_NUM_DTYPES || !((allowed >> t->dtype) & 1) || d->ndim < 0 || d->ndim > FS_MAX_NDIM) return -1;
     t->ndim = d->ndim;
     int64_t compact = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
@@ -240,6 +249,46 @@ static int from_dltensor(const DLTensor *d, const char *name, unsigned allowed, 
         compact *= d->shape[i];
     }
     t->data = (char *)d->data + d->byte_offset;
+    return 0;
+}
+
+/* Fill t from a DLTensor, naming the device, dtype or rank that does not fit. */
+static int from_dltensor(const DLTensor *d, const char *name, unsigned allowed, fs_tensor *t)
+{
+    if (dl_fill(d, allowed, t) == 0) return 0;
+    if (d->device.device_type != kDLCPU && d->device.device_type != kDLCUDA) {
+        PyErr_Format(PyExc_ValueError, "%s: DLPack device type %d is not supported (expected CPU=1 or CUDA=2)", name,
+                     (int)d->device.device_type);
+        return -1;
+    }
+    if (t->dtype == FS_NUM_DTYPES || !((allowed >> t->dtype) & 1)) {
+        char buf[48], list[96];
+        dl_dtype_name(d->dtype, buf, sizeof buf);
+        PyErr_Format(PyExc_TypeError, "%s: dtype %s is not supported (expected %s)", name, buf,
+                     expected_list(allowed, list, sizeof list));
+        return -1;
+    }
+    return check_ndim(name, d->ndim);
+}
+
+/* torch route without Python calls (about 0.1 us): the DLPack C exchange table fills a DLTensor, and requires_grad
+ * is the one attribute read. Only for plain torch.Tensor objects (subclasses may override attributes). Returns 1 with
+ * no exception set when the tensor is one the attribute route must look at (it names what is wrong). */
+static int import_torch_c(fs_state *st, PyObject *obj, unsigned allowed, fs_tensor *t)
+{
+    DLTensor d;
+    if (Py_TYPE(obj) != (PyTypeObject *)st->torch_tensor_type || !st->torch_api) return 1;
+    if (st->torch_api->dltensor_from_py_object_no_sync(obj, &d) < 0) {
+        PyErr_Clear(); /* sparse, meta, ...: the attribute route raises the precise error */
+        return 1;
+    }
+    if (dl_fill(&d, allowed, t) < 0) return 1;
+    PyObject *grad = PyObject_GetAttr(obj, st->s_requires_grad);
+    if (!grad) return -1;
+    t->requires_grad = grad == Py_True;
+    Py_DECREF(grad);
+    t->source = FS_SRC_TORCH;
+    t->c_exchange = 1;
     return 0;
 }
 
@@ -389,8 +438,17 @@ int fs_tensor_import(fs_state *st, PyObject *obj, const char *name, uintptr_t st
             return rc;
         }
         if (fs_torch_refresh(st) < 0) return -1;
+        if (st->torch_tensor_type && PyObject_TypeCheck(obj, (PyTypeObject *)st->torch_tensor_type)) {
+            const int rc = import_torch_c(st, obj, allowed, t);
+            return rc <= 0 ? rc : import_torch(st, obj, name, allowed, t);
+        }
+    }
+    if (route == FS_ROUTE_TORCH_ATTRS) {
+        if (fs_torch_refresh(st) < 0) return -1;
         if (st->torch_tensor_type && PyObject_TypeCheck(obj, (PyTypeObject *)st->torch_tensor_type))
             return import_torch(st, obj, name, allowed, t);
+        PyErr_Format(PyExc_TypeError, "%s: the torch attribute route needs a torch.Tensor, got %.200s", name, Py_TYPE(obj)->tp_name);
+        return -1;
     }
     int has_dl = route != FS_ROUTE_CAI && PyObject_HasAttr(obj, st->s_dlpack) && PyObject_HasAttr(obj, st->s_dlpack_device);
     if (has_dl) return import_dlpack(st, obj, name, stream, allowed, t);
@@ -399,6 +457,22 @@ int fs_tensor_import(fs_state *st, PyObject *obj, const char *name, uintptr_t st
                  "%s: expected an array (torch.Tensor, numpy.ndarray, or an object with __dlpack__ or "
                  "__cuda_array_interface__), got %.200s", name, Py_TYPE(obj)->tp_name);
     return -1;
+}
+
+/* The data pointer of a torch tensor flashsci allocated: through the C exchange table, else data_ptr(). */
+int fs_torch_data_ptr(fs_state *st, PyObject *tensor, char **data)
+{
+    DLTensor d;
+    if (st->torch_api && Py_TYPE(tensor) == (PyTypeObject *)st->torch_tensor_type) {
+        if (st->torch_api->dltensor_from_py_object_no_sync(tensor, &d) < 0) return -1;
+        *data = (char *)d.data + d.byte_offset;
+        return 0;
+    }
+    PyObject *ptr = PyObject_VectorcallMethod(st->s_data_ptr, &tensor, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (!ptr) return -1;
+    *data = PyLong_AsVoidPtr(ptr);
+    Py_DECREF(ptr);
+    return !*data && PyErr_Occurred() ? -1 : 0;
 }
 
 void fs_tensor_release(fs_tensor *t)
@@ -416,6 +490,12 @@ void fs_tensor_release(fs_tensor *t)
 int fs_torch_current_stream(fs_state *st, int device, uintptr_t *stream)
 {
     *stream = 0;
+    if (st->torch_api) {
+        void *s = NULL;
+        if (st->torch_api->current_work_stream(kDLCUDA, device, &s) < 0) return -1;
+        *stream = (uintptr_t)s;
+        return 0;
+    }
     if (!st->torch_current_stream) return 0;
     PyObject *dev = PyLong_FromLong(device);
     if (!dev) return -1;
@@ -475,10 +555,11 @@ PyObject *fs_tensor_describe(const fs_tensor *t)
         PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(t->shape[i]));
         PyTuple_SET_ITEM(strides, i, PyLong_FromLongLong(t->strides[i]));
     }
-    return Py_BuildValue("{s:K,s:N,s:N,s:s,s:s,s:i,s:O,s:s,s:N}", "data", (unsigned long long)(uintptr_t)t->data,
+    return Py_BuildValue("{s:K,s:N,s:N,s:s,s:s,s:i,s:O,s:s,s:O,s:N}", "data", (unsigned long long)(uintptr_t)t->data,
                          "shape", shape, "strides", strides, "dtype", fs_dtype_name(t->dtype), "device",
                          t->is_cuda ? "cuda" : "cpu", "device_id", t->device, "readonly",
-                         t->readonly ? Py_True : Py_False, "source", sources[t->source], "stream",
+                         t->readonly ? Py_True : Py_False, "source", sources[t->source], "c_exchange",
+                         t->c_exchange ? Py_True : Py_False, "stream",
                          t->has_stream ? PyLong_FromUnsignedLongLong(t->stream) : Py_NewRef(Py_None));
 fail:
     Py_XDECREF(shape);

@@ -161,6 +161,43 @@ def test_torch_cpu_tensors():
             torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double()))).abs().max() < 2e-2
 
 
+def test_torch_c_exchange_route_reads_what_attributes_read():
+    torch = pytest.importorskip("torch")
+    has_api = type(getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)).__name__ == "PyCapsule"
+    base = torch.randn(4, 6, 10, 16)
+    tensors = [base, base[1:, ::2, 3:], base.transpose(1, 2), base[:, :1].expand(4, 6, 10, 16), base.to(torch.bfloat16),
+               base.half()[..., ::2], base > 0, base.to(torch.int64)[0], torch.empty(0, 3), base[0, 0, 0, 0]]
+    for t in tensors:
+        fast, attrs = _flashsci._inspect(t), _flashsci._inspect(t, "torch_attrs")
+        assert fast.pop("c_exchange") is has_api and attrs.pop("c_exchange") is False
+        assert fast == attrs
+        assert fast["data"] == t.data_ptr() and fast["shape"] == tuple(t.shape) and fast["strides"] == t.stride()
+
+
+def test_torch_subclasses_take_the_attribute_route():
+    torch = pytest.importorskip("torch")
+
+    class Sub(torch.Tensor):
+        pass
+
+    q, k, v = (torch.randn(1, 2, 9, 16).as_subclass(Sub) for _ in range(3))
+    assert _flashsci._inspect(q)["c_exchange"] is False
+    ref = torch.nn.functional.scaled_dot_product_attention(*(x.as_subclass(torch.Tensor).double() for x in (q, k, v)))
+    assert (flashsci.attention(q, k, v).double() - ref).abs().max().item() < 2e-5
+
+
+def test_torch_calls_keep_refcounts():
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
+    before = [sys.getrefcount(x) for x in (q, k, v)]
+    for _ in range(200):
+        flashsci.attention(q, k, v)
+        with pytest.raises(TypeError):
+            flashsci.attention(q, k, v.to(torch.int32))
+    gc.collect()
+    assert [sys.getrefcount(x) for x in (q, k, v)] == before
+
+
 def test_jax_cpu_arrays():
     jax = pytest.importorskip("jax")
     jnp = jax.numpy
