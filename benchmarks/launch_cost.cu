@@ -13,6 +13,14 @@ typedef struct { char bytes[512]; } args512; /* about the size of fs_sm80_args *
 
 __global__ void empty_kernel(const args512 a) { if (a.bytes[0] == 42 && threadIdx.x == 1000) printf("x"); }
 
+/* the Hopper attention kernel's parameters: four 128-byte TMA maps, then its argument struct */
+__global__ void empty_kernel_maps(const __grid_constant__ CUtensorMap q, const __grid_constant__ CUtensorMap k,
+                                  const __grid_constant__ CUtensorMap v, const __grid_constant__ CUtensorMap o,
+                                  const args512 a)
+{
+    if (a.bytes[0] == 42 && threadIdx.x == 1000) printf("x%p%p%p%p", &q, &k, &v, &o);
+}
+
 static double now_us(void)
 {
     struct timespec t;
@@ -64,6 +72,27 @@ int main(void)
     TIME("cuLaunchKernel (linked libcuda), 1 block", 20000,
          cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 0, (CUstream)stream, args, NULL));
     TIME("empty_kernel<<<1, 128>>>", 20000, (empty_kernel<<<1, 128, 0, stream>>>(a)));
+
+    /* the Hopper path: a 4-D fp16 TMA map as attention_sm90.cu encodes q (1 x 1 x 256 x 128, box 64 x 128), and a
+     * launch with four maps among the parameters (132 blocks, 384 threads, 200 KiB dynamic smem) */
+    PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
+    CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000, cudaEnableDefault, &q));
+    void *buf;
+    CHECK(cudaMalloc(&buf, 1 << 20));
+    const cuuint64_t dims[4] = {128, 256, 1, 1}, strides[3] = {256, 256 * 256, 256 * 256};
+    const cuuint32_t box[4] = {64, 128, 1, 1}, ones[4] = {1, 1, 1, 1};
+    CUtensorMap maps[4];
+    TIME("cuTensorMapEncodeTiled, 4-D fp16, 128B swizzle", 100000,
+         encode(&maps[0], CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, buf, dims, strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+    maps[1] = maps[2] = maps[3] = maps[0];
+    const void *fm = (const void *)empty_kernel_maps;
+    CHECK(cudaFuncSetAttribute(fm, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10));
+    CHECK(cudaGetFuncBySymbol(&cf, fm));
+    void *margs[] = {&maps[0], &maps[1], &maps[2], &maps[3], &a};
+    TIME("cuLaunchKernel, 4 TMA maps + 512 B, 132 x 384, 200 KiB smem", 20000,
+         launch((CUfunction)cf, 132, 1, 1, 384, 1, 1, 200 << 10, (CUstream)stream, margs, NULL));
+    CHECK(cudaFree(buf));
     CHECK(cudaStreamSynchronize(stream));
     return 0;
 }

@@ -11,7 +11,7 @@ On the GPU every config is timed in one run for flashsci and torch SDPA (default
 cudnn, efficient): kernel time by CUDA-graph replay over input sets that together exceed the L2, flashsci taking
 turns with one of them at a time (paired_kernel_times_us), per-call
 time of back-to-back Python calls, flashsci's host overhead alone (the loop time of calls that do not wait
-for the GPU), TFLOP/s (4*B*H*Sq*Sk*D, half for causal), and the max difference to SDPA's output.
+for the GPU; the three call loops take turns), TFLOP/s (4*B*H*Sq*Sk*D, half for causal), and the max difference to SDPA's output.
 """
 import argparse
 import json
@@ -131,21 +131,30 @@ def graph_kernel_time_us(torch, fn, inputs):
     return graph_kernel_times_us(torch, {"fn": fn}, inputs)["fn"]
 
 
+def per_call_turns_us(torch, loops, x, rounds=7):
+    """Median wall time per call of back-to-back calls, for each loop of loops ({name: (fn, n, sync)}: n calls, then
+    with sync a wait for the GPU; without, the host loop alone), the loops taking turns round by round so that a
+    host whose speed drifts moves them all alike (the H100 host's per-call times moved 30% between configs)."""
+    for fn, _, _ in loops.values():
+        for _ in range(20):
+            fn(*x)
+    runs = {name: [] for name in loops}
+    for _ in range(rounds):
+        for name, (fn, n, sync) in loops.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn(*x)
+            if sync:
+                torch.cuda.synchronize()
+            runs[name].append((time.perf_counter() - t0) * 1e6 / n)
+    torch.cuda.synchronize()
+    return {name: statistics.median(r) for name, r in runs.items()}
+
+
 def per_call_us(torch, fn, x, n=300, sync=True):
     """Median wall time per call of n back-to-back calls (sync=False: the host loop alone)."""
-    for _ in range(20):
-        fn(*x)
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn(*x)
-        if sync:
-            torch.cuda.synchronize()
-        runs.append((time.perf_counter() - t0) * 1e6 / n)
-        torch.cuda.synchronize()
-    return statistics.median(runs)
+    return per_call_turns_us(torch, {"fn": (fn, n, sync)}, x)["fn"]
 
 
 def _with_backend(sdpa_kernel, backend, sdpa):
@@ -197,11 +206,13 @@ def run_gpu(sets, dtype_name, out_dir, head_dim=None):
         plan = flashsci._flashsci._launch_plan(b, h, s, s, d, causal)
         row.update(kernel=plan["kernel"], variant=plan["variant"], blocks=plan["blocks"], kv_splits=plan["kv_splits"],
                    waves=plan["waves"])
-        row["flashsci_per_call_us"] = per_call_us(torch, fs, inputs[0])
-        row["sdpa_per_call_us"] = per_call_us(torch, sdpa, inputs[0])
-        # the host loop alone; 1000 calls where the kernel is short enough that they cannot fill the launch queue
-        row["flashsci_host_us"] = per_call_us(torch, fs, inputs[0], n=1000 if row["flashsci_kernel_us"] < 50 else 100,
-                                              sync=False)
+        # per call of each, and flashsci's host loop alone: 1000 calls where the kernel is short enough that they
+        # cannot fill the launch queue
+        host_n = 1000 if row["flashsci_kernel_us"] < 50 else 100
+        calls = per_call_turns_us(torch, {"flashsci": (fs, 300, True), "sdpa": (sdpa, 300, True),
+                                          "host": (fs, host_n, False)}, inputs[0])
+        row["flashsci_per_call_us"], row["sdpa_per_call_us"] = calls["flashsci"], calls["sdpa"]
+        row["flashsci_host_us"] = calls["host"]
         for name in ("flashsci", "sdpa", "flash", "cudnn", "efficient"):
             t = row[f"{name}_kernel_us"]
             row[f"{name}_tflops"] = fl / t / 1e6 if t else None
