@@ -330,6 +330,27 @@ def test_hopper_kernel_shapes(layout, strided, causal, dtype, d):
     check(2, 70, 129, 1100, d, causal=causal, dtype=dtype, layout=layout, strided=strided, lse=True)
 
 
+@pytest.mark.parametrize("scale", [-0.2, 0.0])
+@pytest.mark.parametrize("d", [64, 128])
+def test_non_positive_scale(d, scale):
+    """A negative scale makes a row's smallest score its largest, and zero weighs every key alike (the kernels then
+    scale before the row max). The large problem takes the sm90 kernel on Hopper, the small one the portable kernel.
+    torch's SDPA gave NaN for causal rows at a negative scale, so its error is taken on the same problem written with
+    a positive scale: q times the scale's sign (exact), scale |c| (1 for zero)."""
+    for b, h, sq, sk, causal, dtype in ((4, 40, 333, 517, True, torch.float16), (1, 2, 77, 300, False, torch.bfloat16)):
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for s in (sq, sk, sk))
+        ref, ref_lse = reference(q, k, v, causal, scale)
+        theirs = F.scaled_dot_product_attention(q * (-1.0 if scale < 0 else 0.0), k, v, is_causal=causal,
+                                                scale=abs(scale) or 1.0)
+        torch_err = (theirs.double() - ref).abs().max().item()
+        out = torch.full_like(q, float("nan"))
+        _, lse = flashsci.attention(q, k, v, causal=causal, scale=scale, out=out, return_lse=True)
+        assert torch.isfinite(out).all()
+        err = (out.double() - ref).abs().max().item()
+        assert err <= 2 * torch_err, f"{(b, h, sq, sk, d, causal, dtype)}: err {err:.3e} > 2 x torch {torch_err:.3e}"
+        assert (lse.double() - ref_lse).abs().max().item() < 1e-3
+
+
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq", [200, 300, 1000])
