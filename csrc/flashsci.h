@@ -23,7 +23,7 @@ typedef struct {
     const DLPackExchangeAPI *torch_api; /* its table, when it can read tensors and name the current stream */
     PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_is_cuda, *s_is_cpu, *s_get_device,
         *s_new_empty, *s_requires_grad, *s_device, *s_dlpack, *s_dlpack_device, *s_cai, *s_stream,
-        *s_max_version, *s_cuda_stream, *s_cuda_stream_proto, *s_c_exchange_api;
+        *s_max_version, *s_cuda_stream, *s_cuda_stream_proto, *s_c_exchange_api, *s_is_neg;
     PyObject *kw_names;             /* tuple of attention()'s keyword names, interned */
     int num_threads;                /* CPU threads for CPU kernels */
 } fs_state;

@@ -210,7 +210,7 @@ static int module_exec(PyObject *module)
         intern(&st->s_cai, "__cuda_array_interface__") || intern(&st->s_stream, "stream") ||
         intern(&st->s_max_version, "max_version") || intern(&st->s_cuda_stream, "cuda_stream") ||
         intern(&st->s_cuda_stream_proto, "__cuda_stream__") ||
-        intern(&st->s_c_exchange_api, "__dlpack_c_exchange_api__"))
+        intern(&st->s_c_exchange_api, "__dlpack_c_exchange_api__") || intern(&st->s_is_neg, "is_neg"))
         return -1;
     st->kw_names = Py_BuildValue("(sssssssssss)", "causal", "scale", "layout", "out", "return_lse", "stream",
                                  "key_padding_mask", "seqlens", "bias", "t5_bias", "rotary");
@@ -228,7 +228,7 @@ static int module_exec(PyObject *module)
     X(torch_current_stream) X(torch_empty_like) X(torch_c_api) X(s_dtype) X(s_shape) X(s_stride)              \
     X(s_data_ptr) X(s_is_cuda) X(s_is_cpu) X(s_get_device) X(s_new_empty) X(s_requires_grad) X(s_device)       \
     X(s_dlpack) X(s_dlpack_device) X(s_cai) X(s_stream) X(s_max_version) X(s_cuda_stream)                      \
-    X(s_cuda_stream_proto) X(s_c_exchange_api) X(kw_names)
+    X(s_cuda_stream_proto) X(s_c_exchange_api) X(s_is_neg) X(kw_names)
 
 /* GC traverse of the module state. */
 static int module_traverse(PyObject *module, visitproc visit, void *arg)

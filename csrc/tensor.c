@@ -163,6 +163,25 @@ static PyObject *call_method0(PyObject *obj, PyObject *method)
     return PyObject_VectorcallMethod(method, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
+/* requires_grad, and the negative bit torch sets on lazy negations (x.conj().imag, torch._neg_view): their memory
+ * holds the values' negatives, so they are refused, as torch's own __dlpack__ refuses them. */
+static int torch_flags(fs_state *st, PyObject *obj, const char *name, fs_tensor *t)
+{
+    PyObject *flag = PyObject_GetAttr(obj, st->s_requires_grad);
+    if (!flag) return -1;
+    t->requires_grad = flag == Py_True;
+    Py_DECREF(flag);
+    if (!(flag = call_method0(obj, st->s_is_neg))) return -1;
+    const int neg = flag == Py_True;
+    Py_DECREF(flag);
+    if (neg) {
+        PyErr_Format(PyExc_ValueError, "%s: the tensor has torch's negative bit set (a lazy negation such as "
+                     "x.conj().imag, whose memory holds the negated values); call .resolve_neg() first", name);
+        return -1;
+    }
+    return 0;
+}
+
 /* torch attribute route (torch without the C table, subclasses, and the precise errors): dtype, device, shape, stride()
  * and data_ptr() attributes (about 0.5-0.8 us, no capsule). */
 static int import_torch(fs_state *st, PyObject *obj, const char *name, unsigned allowed, fs_tensor *t)
@@ -196,8 +215,7 @@ static int import_torch(fs_state *st, PyObject *obj, const char *name, unsigned 
         }
     }
     Py_CLEAR(flag);
-    if (!(flag = PyObject_GetAttr(obj, st->s_requires_grad))) goto done;
-    t->requires_grad = flag == Py_True;
+    if (torch_flags(st, obj, name, t) < 0) goto done;
     if (!(shape = PyObject_GetAttr(obj, st->s_shape))) goto done;
     if ((t->ndim = read_int_tuple(shape, name, "shape", t->shape)) < 0) goto done;
     if (!(strides = call_method0(obj, st->s_stride)) || !(ptr = call_method0(obj, st->s_data_ptr))) {
@@ -272,10 +290,10 @@ static int from_dltensor(const DLTensor *d, const char *name, unsigned allowed, 
     return check_ndim(name, d->ndim);
 }
 
-/* torch route without Python calls (about 0.1 us): the DLPack C exchange table fills a DLTensor, and requires_grad
- * is the one attribute read. Only for plain torch.Tensor objects (subclasses may override attributes). Returns 1 with
- * no exception set when the tensor is one the attribute route must look at (it names what is wrong). */
-static int import_torch_c(fs_state *st, PyObject *obj, unsigned allowed, fs_tensor *t)
+/* torch route with few Python calls (about 0.2 us): the DLPack C exchange table fills a DLTensor, then torch_flags.
+ * Only for plain torch.Tensor objects (subclasses may override attributes). Returns 1 with no exception set when the
+ * tensor is one the attribute route must look at (it names what is wrong). */
+static int import_torch_c(fs_state *st, PyObject *obj, const char *name, unsigned allowed, fs_tensor *t)
 {
     DLTensor d;
     if (Py_TYPE(obj) != (PyTypeObject *)st->torch_tensor_type || !st->torch_api) return 1;
@@ -284,10 +302,7 @@ static int import_torch_c(fs_state *st, PyObject *obj, unsigned allowed, fs_tens
         return 1;
     }
     if (dl_fill(&d, allowed, t) < 0) return 1;
-    PyObject *grad = PyObject_GetAttr(obj, st->s_requires_grad);
-    if (!grad) return -1;
-    t->requires_grad = grad == Py_True;
-    Py_DECREF(grad);
+    if (torch_flags(st, obj, name, t) < 0) return -1;
     t->source = FS_SRC_TORCH;
     t->c_exchange = 1;
     return 0;
@@ -440,7 +455,7 @@ int fs_tensor_import(fs_state *st, PyObject *obj, const char *name, uintptr_t st
         }
         if (fs_torch_refresh(st) < 0) return -1;
         if (st->torch_tensor_type && PyObject_TypeCheck(obj, (PyTypeObject *)st->torch_tensor_type)) {
-            const int rc = import_torch_c(st, obj, allowed, t);
+            const int rc = import_torch_c(st, obj, name, allowed, t);
             return rc <= 0 ? rc : import_torch(st, obj, name, allowed, t);
         }
     }

@@ -260,6 +260,17 @@ class TestTorch:
         with pytest.raises(TypeError, match="expected a dense strided torch tensor"):
             flashsci.attention(q, q, q)
 
+    def test_negative_bit(self):
+        torch = pytest.importorskip("torch")
+        q = torch.randn(1, 2, 8, 16, dtype=torch.complex64).conj().imag   # a lazy negation: memory holds -q
+        k = torch.randn(1, 2, 8, 16)
+        with pytest.raises(ValueError, match="q: the tensor has torch's negative bit set"):
+            flashsci.attention(q, k, k)
+        with pytest.raises(ValueError, match="out: the tensor has torch's negative bit set"):
+            flashsci.attention(k, k, k, out=torch._neg_view(torch.empty_like(k)))
+        ref = torch.nn.functional.scaled_dot_product_attention(q.resolve_neg(), k, k)
+        assert (flashsci.attention(q.resolve_neg().contiguous(), k, k) - ref).abs().max().item() < 1e-5
+
     def test_int_dtype(self):
         torch = pytest.importorskip("torch")
         q = torch.ones(1, 2, 8, 16, dtype=torch.int32)
