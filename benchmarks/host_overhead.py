@@ -40,10 +40,10 @@ def main():
     small_np = q.cpu().numpy()
     raw = torch._C._cuda_getCurrentRawStream
     rows = [
-        ("torch route: flashsci _inspect(t) (DLPack C exchange table where torch has one, + requires_grad)",
-         lambda: _flashsci._inspect(q)),
-        ("torch attribute route: _inspect(t, 'torch_attrs') (dtype, is_cuda, get_device, requires_grad, shape, stride, "
-         "data_ptr)", lambda: _flashsci._inspect(q, "torch_attrs")),
+        ("torch route: flashsci _inspect(t) (DLPack C exchange table where torch has one, + requires_grad, "
+         "is_neg())", lambda: _flashsci._inspect(q)),
+        ("torch attribute route: _inspect(t, 'torch_attrs') (dtype, is_cuda, get_device, requires_grad, is_neg, shape, "
+         "stride, data_ptr)", lambda: _flashsci._inspect(q, "torch_attrs")),
         ("DLPack route: flashsci _inspect(t, 'dlpack') (t.__dlpack__ + capsule)", lambda: _flashsci._inspect(q, "dlpack")),
         ("CUDA array interface route: flashsci _inspect(t, 'cai')", lambda: _flashsci._inspect(q, "cai")),
         ("t.__dlpack__() alone", lambda: q.__dlpack__()),
