@@ -119,7 +119,8 @@
  *       21): L2 prefetch of the coming K/V tiles and the next item's by cp.async.bulk.prefetch.tensor from the producer
  *       (ProtT5-XL 262 -> 350 us); three consumer warpgroups at D = 128 with Bc = 64 (7-10% slower); a third V stage
  *       at D = 128 (level, causal 2-3% slower); session 23: the next item's S_0 issued in the turn of the last P V at
- *       D = 128, the ring's stage kept uniform (3-11% slower, shorter items losing more; branch wip/stream-items)
+ *       D = 128, the ring's stage kept uniform (3-11% slower, shorter items losing more), or with two turns and the old
+ *       O stored under S_0 (level to 4% slower; branch wip/stream-items)
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
