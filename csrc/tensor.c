@@ -454,16 +454,15 @@ int fs_tensor_import(fs_state *st, PyObject *obj, const char *name, uintptr_t st
             t->source = FS_SRC_ARRAY;
             return rc;
         }
+    }
+    if (route == FS_ROUTE_AUTO || route == FS_ROUTE_TORCH_ATTRS) {
         if (fs_torch_refresh(st) < 0) return -1;
         if (st->torch_tensor_type && PyObject_TypeCheck(obj, (PyTypeObject *)st->torch_tensor_type)) {
-            const int rc = import_torch_c(st, obj, name, allowed, t);
+            const int rc = route == FS_ROUTE_AUTO ? import_torch_c(st, obj, name, allowed, t) : 1;
             return rc <= 0 ? rc : import_torch(st, obj, name, allowed, t);
         }
     }
     if (route == FS_ROUTE_TORCH_ATTRS) {
-        if (fs_torch_refresh(st) < 0) return -1;
-        if (st->torch_tensor_type && PyObject_TypeCheck(obj, (PyTypeObject *)st->torch_tensor_type))
-            return import_torch(st, obj, name, allowed, t);
         PyErr_Format(PyExc_TypeError, "%s: the torch attribute route needs a torch.Tensor, got %.200s", name, Py_TYPE(obj)->tp_name);
         return -1;
     }
@@ -485,7 +484,7 @@ int fs_torch_data_ptr(fs_state *st, PyObject *tensor, char **data)
         *data = (char *)d.data + d.byte_offset;
         return 0;
     }
-    PyObject *ptr = PyObject_VectorcallMethod(st->s_data_ptr, &tensor, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *ptr = call_method0(tensor, st->s_data_ptr);
     if (!ptr) return -1;
     *data = PyLong_AsVoidPtr(ptr);
     Py_DECREF(ptr);
