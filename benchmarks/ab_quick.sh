@@ -12,12 +12,16 @@ OUT=${OUT:-/tmp/flashsci-out}; mkdir -p "$OUT/logs"
 VARIANTS=${VARIANTS:-$OLD_DIR}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 name() { local v; v=$(basename "$1"); echo "${v#ab_}"; }  # ab_old -> old
-build() { # $1: install target
+build() { # $1: install target (emptied first: pip --target keeps what a warm machine's last run installed there)
   local t0=$(date +%s)
+  rm -rf "$1"
   FLASHSCI_CUDA_ARCHS=90a python3 -m pip install --no-build-isolation --no-deps -q --target "$1" . >"$OUT/logs/build_$(basename $1).log" 2>&1 \
     || { tail -30 "$OUT/logs/build_$(basename $1).log"; exit 1; }
   echo "built $1 in $(( $(date +%s) - t0 )) s"
 }
+# a warm machine keeps the CMake build dir, whose objects (the last variant built) are newer than the working tree's
+# sources as they arrive: touch those so that new is compiled from them
+[[ -d build ]] && find kernels csrc -type f -exec touch {} +
 build /tmp/ab_new
 if [[ ${TESTS:-1} == 1 ]]; then
   PYTHONPATH=/tmp/ab_new timeout -k 5 ${TEST_TIMEOUT:-900} python3 -m pytest -q -x tests/ ${TEST_ARGS:-} 2>&1 | tee "$OUT/logs/tests.log" | tail -4

@@ -1,7 +1,7 @@
 """Problems with fewer work items than SMs on a Hopper GPU: flashsci as dispatched (sm90_pays in
 kernels/attention_sm90.cu), flashsci forced onto the portable sm80 kernel, and SDPA's cuDNN backend, timed in turns
 by CUDA-graph replay over input sets beyond L2 (as the recorded benchmark times). Writes a markdown table with the GPU
-name to --out.
+name to --out (--shape B,H,S,D[,causal], repeatable: those shapes instead, printed only).
     python benchmarks/dispatch_small.py --out benchmarks/results"""
 import argparse
 import os
@@ -16,7 +16,8 @@ F = torch.nn.functional
 SHAPES = [(1, 1, 256, 128, False), (1, 1, 1024, 128, False), (1, 8, 2048, 128, False), (2, 8, 1024, 128, False),
           (1, 32, 512, 128, False), (1, 16, 1024, 128, True), (1, 8, 2048, 64, False), (2, 8, 1024, 64, False),
           (1, 32, 512, 64, False), (1, 20, 1024, 64, False), (1, 20, 1024, 64, True), (1, 8, 1024, 64, False),
-          (8, 8, 256, 64, False), (1, 1, 512, 64, False)]
+          (8, 8, 256, 64, False), (1, 1, 512, 64, False), (1, 1, 256, 64, False), (1, 1, 64, 64, False),
+          (1, 20, 512, 64, False), (1, 2, 1024, 64, False), (1, 4, 2048, 64, False), (1, 1, 512, 64, True)]
 
 
 def forced(kernel, fn):
@@ -33,13 +34,18 @@ def forced(kernel, fn):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--shape", action="append", help="B,H,S,D[,causal] instead of the built-in shapes")
     args = ap.parse_args()
+    shapes = SHAPES
+    if args.shape:
+        shapes = [tuple(int(x) for x in a.split(",")[:4]) + (a.endswith(",causal"),) for a in args.shape]
+        args.out = None
     name = torch.cuda.get_device_name()
     lines = [f"# flashsci attention below one work item per SM — {name}", "",
              f"torch {torch.__version__}, float16, kernel times (µs) by CUDA-graph replay in turns, median.", "",
              "| B×H×S×D | dispatched to | flashsci | flashsci on sm80 | cuDNN | × sm80 | × cuDNN |",
              "|---|---|---|---|---|---|---|"]
-    for b, h, s, d, causal in SHAPES:
+    for b, h, s, d, causal in shapes:
         inputs = attention_input_sets(torch, b, h, s, d, torch.float16)
         fs = lambda q, k, v: flashsci.attention(q, k, v, causal=causal)
         cudnn = _with_backend(sdpa_kernel, SDPBackend.CUDNN_ATTENTION,

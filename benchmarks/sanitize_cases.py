@@ -21,6 +21,7 @@ CASES = [  # (B, H, Sq, Sk, D, causal, layout)
     (2, 66, 130, 200, 128, True, "bhsd"), (2, 66, 200, 130, 128, False, "bshd"),  # sm90 (wgmma) on Hopper,
     (2, 66, 300, 333, 64, True, "bshd"), (2, 66, 257, 100, 64, False, "bhsd"),     # several items per block,
     (2, 66, 200, 700, 64, False, "bhsd"), (2, 66, 300, 130, 128, True, "bshd"),    # idle warpgroups (1 or 2)
+    (1, 8, 1950, 1950, 64, False, "bshd"), (2, 8, 1000, 1300, 64, True, "bhsd"),   # sm90 D = 64 on two warpgroups
 ]
 for dtype in (torch.float16, torch.bfloat16) if ONLY != "linear" else ():
     for b, h, sq, sk, d, causal, layout in CASES:

@@ -153,6 +153,7 @@ template <int D, int BC, int NWG> struct fs_sm90_tile;
 /*                                                 STAGES  REGS */
 template <> struct fs_sm90_tile<64, 64, 3>   { enum { STAGES = 6, REGS = 160 }; };
 template <> struct fs_sm90_tile<64, 128, 3>  { enum { STAGES = 4, REGS = 160 }; };
+template <> struct fs_sm90_tile<64, 128, 2>  { enum { STAGES = 4, REGS = 240 }; };
 template <> struct fs_sm90_tile<128, 128, 2> { enum { STAGES = 2, REGS = 240 }; };
 
 #define FS_SM90_T5_MAX 2048 /* T5 bias entries of a table (FEAT) */
@@ -855,6 +856,14 @@ static constexpr int sm90_nwg(int d)
     return d == 64 ? 3 : 2;
 }
 
+/* The plain D = 64 kernel on two consumer warpgroups (Br = 128) where three leave SMs idle and two still give every
+ * item an SM of its own: the problem takes one item's time either way, and a 128-row item is the shorter. */
+static bool sm90_two_wg64(const fs_attn_params *p, int sm_count)
+{
+    const long long bh = (long long)p->B * p->H;
+    return bh * ((p->Sq + 191) / 192) < sm_count && bh * ((p->Sq + 127) / 128) <= sm_count;
+}
+
 /* Bc = 64 for the protein options at D = 64 where 128-key tiles would visit a quarter more keys than 64-key
  * ones: at most 64 keys, or 129-192 (the ESM2 length buckets of 170 or so). */
 static int sm90_narrow_keys(const fs_attn_params *p)
@@ -876,7 +885,9 @@ static cudaError_t launch_dtype(const fs_attn_params *p, int device, int sm_coun
     if (p->D == 128)
         return feat ? launch<128, 128, W128, T, true>(p, device, sm_count, stream, plan)
                     : launch<128, 128, W128, T, false>(p, device, sm_count, stream, plan);
-    if (!feat) return launch<64, 128, W64, T, false>(p, device, sm_count, stream, plan);
+    if (!feat)
+        return sm90_two_wg64(p, sm_count) ? launch<64, 128, 2, T, false>(p, device, sm_count, stream, plan)
+                                          : launch<64, 128, W64, T, false>(p, device, sm_count, stream, plan);
     return sm90_narrow_keys(p) ? launch<64, 64, W64, T, true>(p, device, sm_count, stream, plan)
                                : launch<64, 128, W64, T, true>(p, device, sm_count, stream, plan);
 }
@@ -893,14 +904,20 @@ static int strides_ok(int S, int H, int B, int64_t ss, int64_t sh, int64_t sb)
  * does. With fewer, it runs each item's keys on one SM, where the sm80 kernel splits long key ranges over SMs, so
  * it is taken only for self-attention-like shapes (Sq >= Sk / 2, Sk <= 4096: what was measured). There, at D = 128,
  * it wins on every size measured from one head of 256 keys up (1.4-2.6x on the H100: the sm80 kernel's D = 128
- * tiles are register-bound). At D = 64 the sm80 kernel wins while its KV groups spread a few heads over many SMs
- * (the seed configs, (8, 8, 256) included); from two thirds of an item per SM and 512 keys the Hopper one does
- * (1 x 8 x 2048: 47.9 -> 29.1 us, 2 x 8 x 1024: 25.9 -> 18.4, 1 x 32 x 512: 14.8 -> 13.1; NOTES.md, session 16). */
+ * tiles are register-bound). At D = 64, plain and non-causal, on two consumer warpgroups (sm90_two_wg64) it wins from
+ * 256 keys (H100: 1 x 1 x 512 8.9 -> 8.1 us, 8 x 8 x 256 9.7 -> 8.1, 1 x 20 x 512 14.4 -> 9.4), except where few
+ * query tiles (under a quarter of the SMs) see more than 512 keys, which the sm80 kernel splits over a cluster
+ * (1 x 2 x 1024: 13.0 against 11.9); on a single key tile the sm80 kernel wins (1 x 1 x 64: 5.4 against 3.7).
+ * Causal and protein-option problems at D = 64 keep session 16's rule: from two thirds of an item per SM (Br = 192)
+ * and 512 keys (NOTES.md, sessions 16 and 24). */
 static int sm90_pays(const fs_attn_params *p, long long items, int sm_count)
 {
     if (items >= sm_count) return 1;
     if (2LL * p->Sq < p->Sk || p->Sk > 4096) return 0;
-    return p->D == 128 || (3 * items >= 2LL * sm_count && p->Sk >= 512);
+    if (p->D == 128) return 1;
+    const long long items2 = (long long)p->B * p->H * ((p->Sq + 127) / 128); /* Br = 128: sm90_two_wg64 */
+    if (!p->causal && !sm90_feat(p) && !p->rotary && p->Sk >= 256) return p->Sk <= 512 || 4 * items2 >= sm_count;
+    return 3 * items >= 2LL * sm_count && p->Sk >= 512;
 }
 #endif
 

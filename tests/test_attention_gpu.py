@@ -95,14 +95,19 @@ def test_split_kv_path_with_lse(d):
 
 @pytest.mark.parametrize("d", [32, 64])
 def test_kv_group_variant(d):
-    """Problems that leave most SMs idle split each query tile's keys over 4 warp groups, merged in shared memory."""
+    """Problems that leave most SMs idle split each query tile's keys over 4 warp groups, merged in shared memory
+    (the portable kernel, forced: on Hopper the first of these takes the sm90 kernel at D = 64)."""
     plan = flashsci._flashsci._launch_plan
-    assert plan(1, 1, 512, 512, d)["kv_groups"] == 4 and plan(1, 1, 512, 512, d)["threads"] == 512
-    assert plan(1, 1, 64, 64, d)["kv_groups"] == 1
-    check(1, 1, 512, 512, d, lse=True)
-    check(1, 3, 77, 300, d, causal=True, lse=True)  # causal, Sq < Sk: some groups' keys lie past every row
-    check(2, 2, 300, 190, d, layout="bshd", strided=True, scale=0.3, dtype=torch.bfloat16)
-    check(1, 2, 40, 3000, d, lse=True)  # 4 groups and KV splits across blocks together
+    try:
+        flashsci._flashsci._set_attention_kernel("sm80")
+        assert plan(1, 1, 512, 512, d)["kv_groups"] == 4 and plan(1, 1, 512, 512, d)["threads"] == 512
+        assert plan(1, 1, 64, 64, d)["kv_groups"] == 1
+        check(1, 1, 512, 512, d, lse=True)
+        check(1, 3, 77, 300, d, causal=True, lse=True)  # causal, Sq < Sk: some groups' keys lie past every row
+        check(2, 2, 300, 190, d, layout="bshd", strided=True, scale=0.3, dtype=torch.bfloat16)
+        check(1, 2, 40, 3000, d, lse=True)  # 4 groups and KV splits across blocks together
+    finally:
+        flashsci._flashsci._set_attention_kernel("auto")
 
 
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
@@ -291,11 +296,13 @@ def test_hopper_dispatch():
         assert plan["kernel"] == ("sm90" if hopper else "sm80")
         if hopper:
             assert plan["blocks"] == plan["sm_count"] and plan["waves"] <= 1.0
-    # fewer work items than SMs: the Hopper kernel for self-attention at D = 128 and for mid-size D = 64 problems;
-    # the sm80 one (KV groups / splits) for the small D = 64 seeds and for few queries on long keys
+    # fewer work items than SMs: the Hopper kernel for self-attention at D = 128 and for D = 64 from 256 keys; the
+    # sm80 one on a single key tile, for a few query tiles on long keys (KV splits) and for few queries on long keys
     plan = flashsci._flashsci._launch_plan
     for args, small_on_hopper in [((1, 1, 512, 512, 128), True), ((1, 8, 2048, 2048, 64), True),
-                                  ((8, 8, 256, 256, 64), False), ((1, 1, 512, 512, 64), False),
+                                  ((8, 8, 256, 256, 64), True), ((1, 1, 512, 512, 64), True),
+                                  ((8, 8, 128, 128, 64), False), ((1, 2, 1024, 1024, 64), False),
+                                  ((1, 1, 512, 512, 64, True), False),
                                   ((1, 1, 100, 4000, 128), False), ((1, 1, 8192, 8192, 128), False)]:
         assert plan(*args)["kernel"] == ("sm90" if hopper and small_on_hopper else "sm80"), args
 
@@ -362,6 +369,22 @@ def test_hopper_idle_warpgroups(sq, causal, d):
     if plan["kernel"] == "sm90":
         assert plan["Br"] == (192 if d == 64 else 128)
     check(3, 50, sq, 1100, d, causal=causal, dtype=torch.bfloat16, lse=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_hopper_two_warpgroups_d64(dtype):
+    """Plain D = 64 problems that three consumer warpgroups (Br = 192) would leave SMs idle on, and whose 128-row
+    items still fit one per SM, run on two (Br = 128): odd lengths, an idle warpgroup on the last tile (Sq = 1950),
+    Sq != Sk, strides, causal, lse. Problems with more items keep three."""
+    plan = flashsci._flashsci._launch_plan
+    if hopper_kernel():
+        for args, br in [((1, 8, 2048, 2048, 64), 128), ((1, 8, 1950, 1950, 64, True), 128),
+                         ((1, 20, 1024, 1024, 64), 192), ((8, 40, 1024, 1024, 64), 192)]:
+            assert plan(*args)["kernel"] == "sm90" and plan(*args)["Br"] == br, args
+    check(1, 8, 2048, 2048, 64, dtype=dtype, lse=True)
+    check(1, 8, 1950, 1950, 64, dtype=dtype, layout="bshd", strided=True)
+    check(2, 8, 1000, 1300, 64, dtype=dtype, causal=True, scale=0.2, lse=True)
+    check(1, 11, 1400, 900, 64, dtype=dtype)
 
 
 @pytest.mark.parametrize("d", [64, 128])
