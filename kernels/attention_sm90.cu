@@ -121,6 +121,12 @@
  *       at D = 128 (level, causal 2-3% slower); session 23: the next item's S_0 issued in the turn of the last P V at
  *       D = 128, the ring's stage kept uniform (3-11% slower, shorter items losing more), or with two turns and the old
  *       O stored under S_0 (level to 4% slower; branch wip/stream-items)
+ *   v6.9 the plain D = 64 kernel on two consumer warpgroups (Br = 128) where three leave SMs idle and two still give
+ *       each item an SM (sm90_two_wg64), and dispatched below one item per SM from 256 keys (sm90_pays). H100, graph
+ *       replay, us: 1x8x2048x64 29.5 -> 23.6, 2x8x1024x64 18.1 -> 14.5, 2x8x1024x64 causal 19.1 -> 15.6, 1x1x512x64
+ *       (the sm80 kernel before) 8.9 -> 8.0, 8x8x256x64 9.6 -> 8.0 (cuDNN 24, 15, 15.5, 9.0, 9.1). Not built (NOTES.md,
+ *       session 24): K/V multicast over 2-block clusters at D = 128; with the V loads left out altogether (half the
+ *       L2 -> SM bytes, wrong results) ProtT5-XL ran no faster (252, 253 -> 259, 244 us)
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -147,8 +153,9 @@ FS_DEV unsigned long long trace_now()
 #endif
 
 /* ---- tile configuration, one place: per (D, Bc, consumer warpgroups NWG; Br = 64 NWG) the K/V ring stages and
- * the registers setmaxnreg gives each consumer thread (the producer warpgroup keeps 24). NWG: sm90_nwg; Bc = 128,
- * or 64 for the protein options on short key ranges (sm90_narrow_keys) ---- */
+ * the registers setmaxnreg gives each consumer thread (the producer warpgroup keeps 24). NWG: sm90_nwg, or 2 at D = 64
+ * below one item per SM (sm90_two_wg64); Bc = 128, or 64 for the protein options on short key ranges
+ * (sm90_narrow_keys) ---- */
 template <int D, int BC, int NWG> struct fs_sm90_tile;
 /*                                                 STAGES  REGS */
 template <> struct fs_sm90_tile<64, 64, 3>   { enum { STAGES = 6, REGS = 160 }; };
