@@ -863,12 +863,17 @@ static constexpr int sm90_nwg(int d)
     return d == 64 ? 3 : 2;
 }
 
+/* Work items of a launch with Br = br: B H query tiles (packed sequences aside). */
+static long long sm90_items(const fs_attn_params *p, int br)
+{
+    return (long long)p->B * p->H * ((p->Sq + br - 1) / br);
+}
+
 /* The plain D = 64 kernel on two consumer warpgroups (Br = 128) where three leave SMs idle and two still give every
  * item an SM of its own: the problem takes one item's time either way, and a 128-row item is the shorter. */
 static bool sm90_two_wg64(const fs_attn_params *p, int sm_count)
 {
-    const long long bh = (long long)p->B * p->H;
-    return bh * ((p->Sq + 191) / 192) < sm_count && bh * ((p->Sq + 127) / 128) <= sm_count;
+    return sm90_items(p, 192) < sm_count && sm90_items(p, 128) <= sm_count;
 }
 
 /* Bc = 64 for the protein options at D = 64 where 128-key tiles would visit a quarter more keys than 64-key
@@ -922,8 +927,8 @@ static int sm90_pays(const fs_attn_params *p, long long items, int sm_count)
     if (items >= sm_count) return 1;
     if (2LL * p->Sq < p->Sk || p->Sk > 4096) return 0;
     if (p->D == 128) return 1;
-    const long long items2 = (long long)p->B * p->H * ((p->Sq + 127) / 128); /* Br = 128: sm90_two_wg64 */
-    if (!p->causal && !sm90_feat(p) && !p->rotary && p->Sk >= 256) return p->Sk <= 512 || 4 * items2 >= sm_count;
+    if (!p->causal && !sm90_feat(p) && !p->rotary && p->Sk >= 256) /* Br = 128 items: sm90_two_wg64 */
+        return p->Sk <= 512 || 4 * sm90_items(p, 128) >= sm_count;
     return 3 * items >= 2LL * sm_count && p->Sk >= 512;
 }
 #endif
@@ -941,7 +946,7 @@ extern "C" int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count)
            (!p->cu_seqlens_q || (p->total_q < INT32_MAX && p->total_k < INT32_MAX)) &&
            strides_ok(sq, p->H, nb, p->q_ss, p->q_sh, p->q_sb) && strides_ok(sk, p->H, nb, p->k_ss, p->k_sh, p->k_sb) &&
            strides_ok(sk, p->H, nb, p->v_ss, p->v_sh, p->v_sb) && strides_ok(sq, p->H, nb, p->o_ss, p->o_sh, p->o_sb) &&
-           sm90_pays(p, (long long)p->B * p->H * ((p->Sq + br - 1) / br), sm_count);
+           sm90_pays(p, sm90_items(p, br), sm_count);
 #else
     (void)p; (void)sm_count;
     return 0;
