@@ -2,7 +2,7 @@
 every head dim, both dtypes, tails, causal, bshd strides, KV groups, the split-KV + combine path, the splits of a
 thread-block cluster (Hopper), lse; then the
 protein options (padding mask with tile skipping, seqlens, bias, T5, rotary, varlen incl. empty sequences; on
-both kernels);
+both kernels); grouped K/V heads on both kernels;
 then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every epilogue).
 SANITIZE_ONLY=linear runs the GEMM cases alone."""
 import os
@@ -98,5 +98,14 @@ flashsci.attention(q, k, v, rotary=True, key_padding_mask=torch.rand(1, 600, dev
 cu = torch.tensor([0, 1, 171, 301, 301, 340], dtype=torch.int32, device=dev)           # sm90, 64-key tiles
 qp, kp, vp = (torch.randn(340, 48, 64, device=dev, dtype=f16) for _ in range(3))
 flashsci.attention_varlen(qp, kp, vp, cu, cu, 170, 170, t5_bias=(torch.randn(48, 32, device=dev), 32, 128, True))
-torch.cuda.synchronize()
+for kernel in ("auto", "sm80"):  # grouped-query attention: K/V heads shared by 4 query heads; one K/V head by expand
+    flashsci._flashsci._set_attention_kernel(kernel)
+    q = torch.randn(2, 48, 300, 128, device=dev, dtype=f16)
+    k, v = (torch.randn(2, 12, 333, 128, device=dev, dtype=f16) for _ in range(2))
+    flashsci.attention(q, k, v, causal=True)
+    flashsci.attention(q[..., :64], k[..., :64], v[..., :64], rotary=True)
+    flashsci.attention(q[:, :, :, :64], *(x[:, :1, :300, :64].expand(2, 48, 300, 64) for x in (k, v)))
+    flashsci.attention_varlen(qp, kp[:, :12], vp[:, :12], cu, cu, 170, 170, causal=True, rotary=True)
+    torch.cuda.synchronize()
+flashsci._flashsci._set_attention_kernel("auto")
 print("sanitize cases done")

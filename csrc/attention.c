@@ -78,7 +78,8 @@ static void layout_dims(int bshd, int *ib, int *ih, int *is)
     *is = bshd ? 1 : 2;
 }
 
-/* All q/k/v checks: rank, dtype, device, shapes, strides, sizes, alignment, head dim. */
+/* All q/k/v checks: rank, dtype, device, shapes (K/V heads may serve groups of query heads), strides, sizes,
+ * alignment, head dim. */
 static int check_inputs(const attn_args *a, fs_tensor *const t[3])
 {
     static const char *names[3] = {"q", "k", "v"};
@@ -87,18 +88,18 @@ static int check_inputs(const attn_args *a, fs_tensor *const t[3])
     int ib, ih, is;
     layout_dims(a->bshd, &ib, &ih, &is);
     if (fs_check_qkv(t, 4, layout) < 0) return -1;
-    static const char *what[4] = {"batch size", "head count", "sequence length", "head dim"};
-    const int dims[3] = {ib, ih, 3};
+    static const char *what[2] = {"batch size", "head dim"};
+    const int dims[2] = {ib, 3};
     for (int i = 1; i < 3; i++)
-        for (int j = 0; j < 3; j++)
+        for (int j = 0; j < 2; j++)
             if (t[i]->shape[dims[j]] != t[0]->shape[dims[j]]) {
-                const int w = j == 2 ? 3 : j;
-                PyErr_Format(PyExc_ValueError, "%s has %s %lld but q has %lld (q %s, %s %s, layout '%s')", names[i], what[w],
+                PyErr_Format(PyExc_ValueError, "%s has %s %lld but q has %lld (q %s, %s %s, layout '%s')", names[i], what[j],
                              (long long)t[i]->shape[dims[j]], (long long)t[0]->shape[dims[j]],
                              fs_shape_str(t[0]->shape, 4, b1, sizeof b1), names[i], fs_shape_str(t[i]->shape, 4, b2, sizeof b2),
                              a->bshd ? "bshd" : "bhsd");
                 return -1;
             }
+    if (fs_check_kv_heads(t, ih) < 0) return -1;
     if (t[1]->shape[is] != t[2]->shape[is]) {
         PyErr_Format(PyExc_ValueError, "k has sequence length %lld but v has %lld: they must match",
                      (long long)t[1]->shape[is], (long long)t[2]->shape[is]);
@@ -197,6 +198,7 @@ static void fill_params(const attn_args *a, fs_tensor *const t[3], const fs_tens
     p->Sq = (int)t[0]->shape[is];
     p->Sk = (int)t[1]->shape[is];
     p->D = (int)t[0]->shape[3];
+    p->kv_group = fs_kv_group(t[0]->shape[ih], t[1]->shape[ih], p->k_sh, p->v_sh);
     p->scale = a->has_scale ? a->scale : 1.0 / sqrt((double)p->D);
     p->causal = a->causal;
     p->dtype = t[0]->dtype;

@@ -329,6 +329,31 @@ int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout)
     return 0;
 }
 
+/* Head counts (dimension ih): k and v share one, Hkv, which divides q's, Hq (grouped-query attention, FlashAttention's
+ * convention: q head h reads K/V head h / (Hq / Hkv)). */
+int fs_check_kv_heads(fs_tensor *const t[3], int ih)
+{
+    const int64_t hq = t[0]->shape[ih], hk = t[1]->shape[ih], hv = t[2]->shape[ih];
+    if (hv != hk) {
+        PyErr_Format(PyExc_ValueError, "k has head count %lld but v has %lld: k and v must have one head count", (long long)hk,
+                     (long long)hv);
+        return -1;
+    }
+    if (hq % hk) {
+        PyErr_Format(PyExc_ValueError, "k and v have head count %lld but q has %lld: the K/V head count must divide q's "
+                     "(grouped-query attention: q head h reads K/V head h / (Hq / Hkv))", (long long)hk, (long long)hq);
+        return -1;
+    }
+    return 0;
+}
+
+/* Query heads per K/V head, for the kernels. K and V broadcast over every head (head stride 0, e.g. torch's expand)
+ * count as one head that all query heads share, which the Hopper kernel's TMA maps can address. */
+int fs_kv_group(int64_t hq, int64_t hk, int64_t k_sh, int64_t v_sh)
+{
+    return hk == hq && k_sh == 0 && v_sh == 0 ? (int)hq : (int)(hq / hk);
+}
+
 /* scale=: None (1/sqrt(D)) or a finite real number. */
 int fs_parse_scale(PyObject *obj, int *has_scale, double *scale)
 {

@@ -87,6 +87,8 @@ PyObject *fs_new_output(fs_state *st, const fs_tensor *q, int ndim, const int64_
                         uintptr_t stream, char **data);
 
 int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout);
+int fs_check_kv_heads(fs_tensor *const t[3], int ih);
+int fs_kv_group(int64_t hq, int64_t hk, int64_t k_sh, int64_t v_sh);
 int fs_parse_scale(PyObject *obj, int *has_scale, double *scale);
 int fs_parse_rotary(PyObject *obj, int *on, float *base);
 int fs_check_rotary(int on, int64_t D);

@@ -80,6 +80,7 @@ static PyObject *launch_plan(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     if (p.B < 1 || p.H < 1 || p.Sq < 1 || p.Sk < 1 || (p.D != 32 && p.D != 64 && p.D != 96 && p.D != 128 && p.D != 256))
         return PyErr_Format(PyExc_ValueError, "_launch_plan: sizes must be >= 1 and D one of 32, 64, 96, 128, 256");
+    p.kv_group = 1;
     p.causal = causal;
     p.rotary = rotary;
     p.rotary_base = 10000.0f;

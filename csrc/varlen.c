@@ -80,11 +80,12 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
         goto done;
     char b1[160], b2[160];
     for (int i = 1; i < 3; i++)
-        if (t[i]->shape[1] != tq.shape[1] || t[i]->shape[2] != tq.shape[2]) {
-            PyErr_Format(PyExc_ValueError, "%s has shape %s but q has %s: heads and head dim must match", i == 1 ? "k" : "v",
+        if (t[i]->shape[2] != tq.shape[2]) {
+            PyErr_Format(PyExc_ValueError, "%s has shape %s but q has %s: the head dims must match", i == 1 ? "k" : "v",
                          fs_shape_str(t[i]->shape, 3, b1, sizeof b1), fs_shape_str(tq.shape, 3, b2, sizeof b2));
             goto done;
         }
+    if (fs_check_kv_heads(t, 1) < 0) goto done;
     if (fs_check_rotary(rotary, tq.shape[2]) < 0) goto done;
     if (tk.shape[0] != tv.shape[0]) {
         PyErr_Format(PyExc_ValueError, "k has %lld tokens but v has %lld: they must match", (long long)tk.shape[0],
@@ -121,6 +122,7 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
     p.q = tq.data; p.q_ss = tq.strides[0]; p.q_sh = tq.strides[1];
     p.k = tk.data; p.k_ss = tk.strides[0]; p.k_sh = tk.strides[1];
     p.v = tv.data; p.v_ss = tv.strides[0]; p.v_sh = tv.strides[1];
+    p.kv_group = fs_kv_group(tq.shape[1], tk.shape[1], p.k_sh, p.v_sh);
     if (t5.table && (fs_tensor_import(st, t5.table, "t5_bias table", stream, FS_ROUTE_AUTO, FS_FLOATS, &tt) < 0 ||
                      fs_check_t5(&tt, &tq, &t5, &p) < 0))
         goto done;

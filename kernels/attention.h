@@ -32,6 +32,7 @@ typedef struct {
     int64_t v_sb, v_sh, v_ss;
     int64_t o_sb, o_sh, o_ss;
     int B, H, Sq, Sk, D;
+    int kv_group;              /* query heads per K/V head (grouped-query attention): q head h reads K/V head h / kv_group */
     double scale;
     int causal;
     fs_dtype dtype;

@@ -30,6 +30,7 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
 
     const char *qb = (const char *)p->q, *kb = (const char *)p->k, *vb = (const char *)p->v;
     const size_t es = fs_dtype_size(p->dtype);
+    const int64_t hkv = h / p->kv_group; /* the K/V head this query head reads */
     /* this sequence's rows: packed (cu_seqlens) or padded, then cut by seqlens; queries at or past q_len
      * are skipped (padded: written as zeros, lse -inf; packed: not written, they belong to the next one) */
     const int64_t qo = p->cu_seqlens_q ? p->cu_seqlens_q[b] : 0, ko = p->cu_seqlens_k ? p->cu_seqlens_k[b] : 0;
@@ -59,10 +60,10 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
         const int cols = (int)((kend - j0) < FS_CPU_BC ? (kend - j0) : FS_CPU_BC);
         for (int c = 0; c < cols; c++) {
             REAL row[FS_CPU_MAX_D];
-            LOAD_ROW(kb + es * (b * p->k_sb + h * p->k_sh + (ko + j0 + c) * p->k_ss), p->dtype, row, D);
+            LOAD_ROW(kb + es * (b * p->k_sb + hkv * p->k_sh + (ko + j0 + c) * p->k_ss), p->dtype, row, D);
             if (p->rotary) ROTATE_FN(row, D, j0 + c, p->rotary_base);
             for (int d = 0; d < D; d++) Kt[(int64_t)d * FS_CPU_BC + c] = row[d];
-            LOAD_ROW(vb + es * (b * p->v_sb + h * p->v_sh + (ko + j0 + c) * p->v_ss), p->dtype, Vj + (int64_t)c * D, D);
+            LOAD_ROW(vb + es * (b * p->v_sb + hkv * p->v_sh + (ko + j0 + c) * p->v_ss), p->dtype, Vj + (int64_t)c * D, D);
         }
         for (int d = 0; cols < FS_CPU_BC && d < D; d++) /* zero the unused columns: full-width products below */
             for (int c = cols; c < FS_CPU_BC; c++) Kt[(int64_t)d * FS_CPU_BC + c] = 0;

@@ -266,8 +266,11 @@ __global__ void __launch_bounds__(fs_block<D, V, FEAT>::THREADS) attention_fwd_s
     const int q_rows = min(BR, (FEAT && p.cu_seqlens_q ? seq.q_len : p.Sq) - q0), k_len = seq.k_len;
 
     const T *gQ = static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh + (seq.qo + q0) * p.q_ss;
-    const T *gK = static_cast<const T *>(p.k) + b * p.k_sb + h * p.k_sh + seq.ko * p.k_ss;
-    const T *gV = static_cast<const T *>(p.v) + b * p.v_sb + h * p.v_sh + seq.ko * p.v_ss;
+    /* the K/V head of query head h (grouped-query attention); unsigned: a signed division here made the FEAT kernels
+     * spill up to 40 bytes more */
+    const int hkv = (int)((unsigned)h / (unsigned)p.kv_group);
+    const T *gK = static_cast<const T *>(p.k) + b * p.k_sb + hkv * p.k_sh + seq.ko * p.k_ss;
+    const T *gV = static_cast<const T *>(p.v) + b * p.v_sb + hkv * p.v_sh + seq.ko * p.v_ss;
 
     /* KV tiles this block visits: causal (top-left) rows q0.. see keys below q0 + BR; none past k_len, and
      * none for a query tile wholly past q_len */

@@ -30,7 +30,8 @@
  * for every head by a small kernel ahead of the launch, sm90_t5_expand; a padding mask's last kept key ends each
  * batch's key range, and the keys it drops before that come as one word per thread and tile, sm90_kpm_prepare);
  * rotary through a pre-pass that rotates q and k into the workspace (rotary.cu); no additive bias, no KV split (the
- * sm80 kernel takes the rest).
+ * sm80 kernel takes the rest). K/V may have fewer heads than Q (grouped-query attention: item (b, h) loads K/V head
+ * h / kv_group), K/V broadcast over heads included (one shared head).
  *
  * History (H200 fp16, TF/s on the S = 512 ... 16384 sweep, non-causal D = 64 / D = 128; FA2 = 250-299 /
  * 272-339, cuDNN 365-439 / 505-576):
@@ -404,7 +405,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 if (w.n_kv == 0) continue; /* no key to read (O = 0): nothing to load */
                 /* Q once the consumers are done with the last item's (its last Q K^T; at D = 128 once it is in
                  * their registers), then K and V */
-                const int qrow = (int)w.seq.qo + w.q0, krow = (int)w.seq.ko;
+                const int qrow = (int)w.seq.qo + w.q0, krow = (int)w.seq.ko, hkv = w.h / p.kv_group;
                 if (FEAT && p.t5_table) { /* the head's T5 table lands with Q: the consumers were done with the one in
                                            * its slot, two Q tiles back, when they released the last Q tile; its bytes
                                            * are added before the Q load's arrival can complete the phase */
@@ -415,8 +416,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 load(sQ, &map_q, BR, qrow, w.tb, w.h, q_full, q_empty, q_phase ^ 1);
                 q_phase ^= 1;
                 for (int j = 0; j < w.n_kv; j++) {
-                    load(sK + s * BC * D, &map_k, BC, krow + j * BC, w.tb, w.h, &k_full[s], &k_empty[s], phase ^ 1);
-                    load(sV + s * BC * D, &map_v, BC, krow + j * BC, w.tb, w.h, &v_full[s], &v_empty[s], phase ^ 1);
+                    load(sK + s * BC * D, &map_k, BC, krow + j * BC, w.tb, hkv, &k_full[s], &k_empty[s], phase ^ 1);
+                    load(sV + s * BC * D, &map_v, BC, krow + j * BC, w.tb, hkv, &v_full[s], &v_empty[s], phase ^ 1);
                     if (++s == STAGES) { s = 0; phase ^= 1; }
                 }
             }
@@ -837,8 +838,9 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     sm90_extent(p, 0, &sk, &nb);
     CUtensorMap mq, mk, mv, mo;
     if (err == cudaSuccess) err = sm90_map(&mq, p->q, bf16, sq, p->H, nb, D, p->q_ss, p->q_sh, p->q_sb, BR);
-    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, p->H, nb, D, p->k_ss, p->k_sh, p->k_sb, BC);
-    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, p->H, nb, D, p->v_ss, p->v_sh, p->v_sb, BC);
+    const int hkv = p->H / p->kv_group;
+    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, hkv, nb, D, p->k_ss, p->k_sh, p->k_sb, BC);
+    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, hkv, nb, D, p->v_ss, p->v_sh, p->v_sb, BC);
     if (err == cudaSuccess) err = sm90_map(&mo, p->o, bf16, sq, p->H, nb, D, p->o_ss, p->o_sh, p->o_sb, 64);
     void *args[] = {&mq, &mk, &mv, &mo, &a};
     if (err == cudaSuccess) err = fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
@@ -936,7 +938,7 @@ static int sm90_pays(const fs_attn_params *p, long long items, int sm_count)
 extern "C" int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count)
 {
 #ifdef FLASHSCI_SM90A
-    const int br = 64 * sm90_nwg(p->D);
+    const int br = 64 * sm90_nwg(p->D), hkv = p->H / p->kv_group;
     int sq, sk, nb, lneg = 0, t5_n = 0;
     sm90_extent(p, 1, &sq, &nb);
     sm90_extent(p, 0, &sk, &nb);
@@ -944,8 +946,8 @@ extern "C" int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count)
     return (p->dtype == FS_F16 || p->dtype == FS_BF16) && (p->D == 64 || p->D == 128) && p->Sq > 0 && p->Sk > 0 &&
            !p->bias && t5_n <= FS_SM90_T5_MAX && sq > 0 && sk > 0 &&
            (!p->cu_seqlens_q || (p->total_q < INT32_MAX && p->total_k < INT32_MAX)) &&
-           strides_ok(sq, p->H, nb, p->q_ss, p->q_sh, p->q_sb) && strides_ok(sk, p->H, nb, p->k_ss, p->k_sh, p->k_sb) &&
-           strides_ok(sk, p->H, nb, p->v_ss, p->v_sh, p->v_sb) && strides_ok(sq, p->H, nb, p->o_ss, p->o_sh, p->o_sb) &&
+           strides_ok(sq, p->H, nb, p->q_ss, p->q_sh, p->q_sb) && strides_ok(sk, hkv, nb, p->k_ss, p->k_sh, p->k_sb) &&
+           strides_ok(sk, hkv, nb, p->v_ss, p->v_sh, p->v_sb) && strides_ok(sq, p->H, nb, p->o_ss, p->o_sh, p->o_sb) &&
            sm90_pays(p, sm90_items(p, br), sm_count);
 #else
     (void)p; (void)sm_count;

@@ -33,14 +33,14 @@ typedef struct {
     const void *src;
     void *dst;                 /* (nb, H, S, D) contiguous */
     int64_t ss, sh, sb;        /* source strides, elements */
-    int S, nb;
+    int S, nb, H;              /* k's H: the K/V heads */
     const int32_t *cu;         /* n_seq + 1 sequence starts, or NULL */
     int n_seq;
 } fs_rotary_side;
 
 typedef struct {
     fs_rotary_side side[2];    /* q, k */
-    int H;
+    int H;                     /* q's heads, at least k's: the grid's head groups */
     float base;
 } fs_rotary_args;
 
@@ -68,24 +68,24 @@ __global__ void __launch_bounds__(FS_ROT_THREADS) rotary_qk(const fs_rotary_args
     const int groups = (a.H + FS_ROT_HEADS - 1) / FS_ROT_HEADS, h0 = blockIdx.x % groups * FS_ROT_HEADS;
     const fs_rotary_side &s = a.side[blockIdx.x / groups % 2];
     const long long r = (long long)(blockIdx.x / groups / 2) * ROWS + threadIdx.x / CH;
-    if (threadIdx.x >= ROWS * CH || r >= (long long)s.nb * s.S) return;
+    if (threadIdx.x >= ROWS * CH || r >= (long long)s.nb * s.S || h0 >= s.H) return;
     const int c = threadIdx.x % CH, b = (int)(r / s.S), row = (int)(r % s.S);
     const int pos = s.cu ? row - __ldg(s.cu + packed_sequence(s.cu, s.n_seq, row)) : row;
     float cs[8], sn[8];
     chunk_angles((float)pos, s_freq + c * 8, cs, sn);
 
     const T *src = static_cast<const T *>(s.src) + b * s.sb + row * s.ss + c * 8;
-    T *dst = static_cast<T *>(s.dst) + ((long long)b * a.H * s.S + row) * D + c * 8;
+    T *dst = static_cast<T *>(s.dst) + ((long long)b * s.H * s.S + row) * D + c * 8;
     uint4 x1[FS_ROT_HEADS], x2[FS_ROT_HEADS];
 #pragma unroll
     for (int i = 0; i < FS_ROT_HEADS; i++)
-        if (h0 + i < a.H) {
+        if (h0 + i < s.H) {
             x1[i] = __ldg(reinterpret_cast<const uint4 *>(src + (h0 + i) * s.sh));
             x2[i] = __ldg(reinterpret_cast<const uint4 *>(src + (h0 + i) * s.sh + D / 2));
         }
 #pragma unroll
     for (int i = 0; i < FS_ROT_HEADS; i++)
-        if (h0 + i < a.H) {
+        if (h0 + i < s.H) {
             rotate_chunk<T>(*reinterpret_cast<uint32_t(*)[4]>(&x1[i]), *reinterpret_cast<uint32_t(*)[4]>(&x2[i]), cs, sn);
             T *d = dst + (long long)(h0 + i) * s.S * D;
             *reinterpret_cast<uint4 *>(d) = x1[i];
@@ -105,6 +105,7 @@ static fs_rotary_side rotary_side(const fs_attn_params *p, int query_side, void 
     s.sb = query_side ? p->q_sb : p->k_sb;
     s.S = packed ? (int)(query_side ? p->total_q : p->total_k) : query_side ? p->Sq : p->Sk;
     s.nb = packed ? 1 : p->B;
+    s.H = query_side ? p->H : p->H / p->kv_group;
     s.cu = packed ? (query_side ? p->cu_seqlens_q : p->cu_seqlens_k) : NULL;
     s.n_seq = p->B;
     return s;
@@ -113,7 +114,7 @@ static fs_rotary_side rotary_side(const fs_attn_params *p, int query_side, void 
 /* Elements of one side's rotated copy. */
 static size_t side_elems(const fs_rotary_side *s, const fs_attn_params *p)
 {
-    return (size_t)s->nb * s->S * p->H * p->D;
+    return (size_t)s->nb * s->S * s->H * p->D;
 }
 
 extern "C" size_t fs_rotary_bytes(const fs_attn_params *p)
@@ -165,6 +166,6 @@ extern "C" cudaError_t fs_rotary_qk(const fs_attn_params *p, int device, cudaStr
     rotated->q_sh = (int64_t)a.side[0].S * p->D;
     rotated->k_sh = (int64_t)a.side[1].S * p->D;
     rotated->q_sb = p->cu_seqlens_q ? 0 : rotated->q_sh * p->H;
-    rotated->k_sb = p->cu_seqlens_q ? 0 : rotated->k_sh * p->H;
+    rotated->k_sb = p->cu_seqlens_q ? 0 : rotated->k_sh * a.side[1].H;
     return p->dtype == FS_BF16 ? launch_dtype<__nv_bfloat16>(&a, p->D, device, stream) : launch_dtype<__half>(&a, p->D, device, stream);
 }

@@ -55,6 +55,26 @@ def test_lse_and_scale(dtype):
     assert np.abs(lse - ref_lse).max() <= (1e-10 if dtype == "float64" else 1e-4)
 
 
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_kv_heads(layout, causal):
+    """Grouped-query attention: k and v with Hkv heads, q head h reading K/V head h // (H / Hkv) (FlashAttention's
+    convention), against the float64 reference on K/V repeated to H heads; one K/V head (multi-query) and K/V
+    broadcast over heads (stride 0) as well."""
+    rng = np.random.default_rng()
+    axis = 1 if layout == "bhsd" else 2
+    for hq, hkv in [(8, 2), (6, 3), (5, 1)]:
+        q = make(rng, (2, hq, 37, 24), "float32", layout)
+        k, v = (make(rng, (2, hkv, 53, 24), "float32", layout) for _ in range(2))
+        kr, vr = (np.repeat(x, hq // hkv, axis=axis) for x in (k, v))
+        out, lse = flashsci.attention(q, k, v, causal=causal, layout=layout, return_lse=True)
+        ref, ref_lse = reference_attention(q, kr, vr, causal=causal, layout=layout)
+        assert np.abs(out - ref).max() <= BOUND["float32"] and np.abs(lse - ref_lse).max() < 1e-4
+        assert np.array_equal(out, flashsci.attention(q, kr, vr, causal=causal, layout=layout))
+    kb, vb = (np.broadcast_to(x, kr.shape) for x in (k, v))   # the last case's one head, stride 0 over heads
+    assert kb.strides[axis] == 0 and np.array_equal(out, flashsci.attention(q, kb, vb, causal=causal, layout=layout))
+
+
 def test_strided_views():
     rng = np.random.default_rng()
     base = rng.standard_normal((3, 6, 130, 96)).astype(np.float32)

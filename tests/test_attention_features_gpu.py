@@ -313,6 +313,44 @@ def test_varlen_cross_lengths_t5_rotary_split():
         assert (out[305:369] == 0).all()
 
 
+@pytest.mark.parametrize("kernel", ["auto", "sm80"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_grouped_kv_heads_with_options(d, kernel):
+    """Grouped-query attention (K/V with fewer heads than q) with each protein option, through both kernels (the
+    Hopper one, and the portable one forced): equal bit for bit to the same call on K/V repeated to q's heads, which
+    the tests above check against torch."""
+    hq, hkv, b, s = 8, 2, 3, 700
+    q, k, v = rand(b, hq, s, d), rand(b, hkv, s, d), rand(b, hkv, s, d)
+    kr, vr = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v))
+    keep = torch.rand(b, s, device="cuda") < 0.7
+    keep[:, 0] = True
+    lens = torch.tensor([700, 1, 333], dtype=torch.int32, device="cuda")
+    table = torch.randn(hq, 32, device="cuda")
+    options = [dict(key_padding_mask=keep), dict(seqlens=lens), dict(t5_bias=(table, 32, 128, True), scale=1.0),
+               dict(rotary=True), dict(bias=rand(1, hq, s, s)), dict(key_padding_mask=keep, rotary=True)]
+    try:
+        flashsci._flashsci._set_attention_kernel(kernel)
+        for kw in options:
+            for causal in (False, True):
+                out = poisoned(q)
+                flashsci.attention(q, k, v, causal=causal, out=out, **kw)
+                assert torch.equal(out, flashsci.attention(q, kr, vr, causal=causal, **kw)), (list(kw), causal)
+        # rotary in the sm80 kernel itself (below 512 keys), and packed sequences with T5 and rotary
+        out = poisoned(q[:, :, :300])
+        flashsci.attention(q[:, :, :300], k[:, :, :300], v[:, :, :300], rotary=True, out=out)
+        assert torch.equal(out, flashsci.attention(q[:, :, :300], kr[:, :, :300], vr[:, :, :300], rotary=True))
+        lengths = [1, 80, 333, 1000, 129]
+        cu, (pq, pk, pv) = pack(lengths, hq, d, torch.float16)
+        pk, pv = pk[:, :hkv], pv[:, :hkv]
+        pkr, pvr = (x.repeat_interleave(hq // hkv, dim=1) for x in (pk, pv))
+        for kw in ({}, dict(t5_bias=(table, 32, 128, True)), dict(rotary=True)):
+            out = poisoned(pq)
+            flashsci.attention_varlen(pq, pk, pv, cu, cu, 1000, 1000, causal=True, out=out, **kw)
+            assert torch.equal(out, flashsci.attention_varlen(pq, pkr, pvr, cu, cu, 1000, 1000, causal=True, **kw)), kw
+    finally:
+        flashsci._flashsci._set_attention_kernel("auto")
+
+
 def test_options_agree_with_cpu_path():
     q, k, v = (torch.randn(2, 3, 150, 64, dtype=torch.float16) for _ in range(3))
     kpm = torch.rand(2, 150) < 0.8

@@ -402,7 +402,8 @@ def test_hopper_out_view(d):
 
 
 def test_hopper_broadcast_heads():
-    """K and V expanded over heads (stride 0, GQA-style) cannot go through TMA: they still give the right answer."""
+    """K and V expanded over heads (stride 0, torch's expand) are read as one K/V head that every query head shares,
+    which the Hopper kernel's TMA maps can address."""
     q = torch.randn(4, 40, 300, 64, device="cuda", dtype=torch.float16)
     k, v = (torch.randn(4, 1, 300, 64, device="cuda", dtype=torch.float16).expand(4, 40, 300, 64) for _ in range(2))
     out = flashsci.attention(q, k, v)
@@ -410,6 +411,55 @@ def test_hopper_broadcast_heads():
     mine = (out.double() - ref).abs().max().item()
     theirs = (F.scaled_dot_product_attention(q, k, v).double() - ref).abs().max().item()
     assert mine <= 2 * theirs + 1e-6
+
+
+GQA = [  # (b, hq, hkv, sq, sk, d, causal): each kernel and variant with K/V heads shared by groups of query heads
+    (2, 32, 8, 1024, 1024, 64, False),   # Hopper, three consumer warpgroups
+    (2, 32, 8, 1024, 1024, 64, True),
+    (1, 8, 2, 2048, 2048, 64, False),    # Hopper, two consumer warpgroups (fewer items than SMs)
+    (2, 16, 4, 1000, 1000, 128, False),  # Hopper, D = 128, a part-filled last query tile
+    (2, 16, 4, 1024, 1024, 128, True),
+    (4, 40, 1, 300, 300, 64, False),     # one K/V head (multi-query)
+    (2, 6, 3, 77, 300, 32, True),        # portable kernel: D = 32, Sq < Sk
+    (2, 12, 4, 200, 200, 96, False),     # D = 96
+    (1, 4, 2, 100, 100, 256, False),     # D = 256
+    (1, 2, 1, 40, 3000, 64, False),      # KV splits over blocks
+    (1, 4, 2, 512, 512, 64, False),      # 4 KV groups per block (portable kernel, forced below)
+]
+
+
+def gqa_check(b, hq, hkv, sq, sk, d, causal, dtype, layout):
+    """K and V with hkv heads, q head h reading K/V head h // (hq / hkv): the result must equal flashsci's on K/V
+    repeated to hq heads bit for bit (the same kernel reads the same values) and be within 2x torch's error."""
+    q, k, v = (torch.randn(b, n, s, d, device="cuda", dtype=dtype) for n, s in ((hq, sq), (hkv, sk), (hkv, sk)))
+    kr, vr = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v))
+    sc = 1.0 / math.sqrt(d)
+    ref, _ = reference(q, kr, vr, causal, sc)
+    torch_err = (F.scaled_dot_product_attention(q, kr, vr, is_causal=causal).double() - ref).abs().max().item()
+    view = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
+    out = torch.full_like(view(q), float("nan"))
+    grouped, lse = flashsci.attention(view(q), view(k), view(v), causal=causal, layout=layout, out=out, return_lse=True)
+    full, full_lse = flashsci.attention(view(q), view(kr), view(vr), causal=causal, layout=layout, return_lse=True)
+    assert grouped is out and torch.equal(grouped, full) and torch.equal(lse, full_lse)
+    err = (view(grouped).double() - ref).abs().max().item()
+    assert err <= 2 * torch_err, f"{(b, hq, hkv, sq, sk, d, causal)}: err {err:.3e} > 2 x torch {torch_err:.3e}"
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cfg", GQA, ids=str)
+def test_grouped_kv_heads(cfg, dtype, layout):
+    gqa_check(*cfg, dtype, layout)
+
+
+@pytest.mark.parametrize("cfg", GQA, ids=str)
+def test_grouped_kv_heads_portable_kernel(cfg):
+    """The same on the portable kernel, forced on Hopper (its small-tile, 4-group and split variants)."""
+    try:
+        flashsci._flashsci._set_attention_kernel("sm80")
+        gqa_check(*cfg, torch.float16, "bhsd")
+    finally:
+        flashsci._flashsci._set_attention_kernel("auto")
 
 
 def test_hopper_claimed_items_repeat():

@@ -55,6 +55,21 @@ def test_matches_padded_attention_with_seqlens():
         assert np.abs(packed[cu[b]:cu[b + 1]] - padded[b, :lens[b]]).max() < 1e-6
 
 
+def test_grouped_kv_heads():
+    """Packed K/V with fewer heads than q (grouped-query attention), with T5 and rotary: equal to the call on K/V
+    repeated to q's heads."""
+    rng = np.random.default_rng()
+    lens = np.array([7, 1, 64, 30], dtype=np.int32)
+    cu, q = pack(rng, lens, 6, 32, "float32")
+    _, k = pack(rng, lens, 2, 32, "float32")
+    _, v = pack(rng, lens, 2, 32, "float32")
+    kr, vr = (np.repeat(x, 3, axis=1) for x in (k, v))
+    t5 = (rng.standard_normal((6, 32)).astype(np.float32), 32, 128, True)
+    for kw in ({}, {"t5_bias": t5}, {"rotary": True}):
+        out = flashsci.attention_varlen(q, k, v, cu, cu, 64, 64, causal=True, **kw)
+        assert np.array_equal(out, flashsci.attention_varlen(q, kr, vr, cu, cu, 64, 64, causal=True, **kw)), kw
+
+
 class TestVarlenErrors:
     def setup_method(self):
         rng = np.random.default_rng()
@@ -98,5 +113,7 @@ class TestVarlenErrors:
             flashsci.attention_varlen(self.q, self.k, self.v[:11], self.cu, self.cu, 7, 7)
 
     def test_heads(self):
-        with pytest.raises(ValueError, match="heads and head dim must match"):
-            flashsci.attention_varlen(self.q, self.k[:, :1], self.v[:, :1], self.cu, self.cu, 7, 7)
+        with pytest.raises(ValueError, match="the head dims must match"):
+            flashsci.attention_varlen(self.q, self.k[..., :8], self.v, self.cu, self.cu, 7, 7)
+        with pytest.raises(ValueError, match="k has head count 1 but v has 2"):
+            flashsci.attention_varlen(self.q, self.k[:, :1], self.v, self.cu, self.cu, 7, 7)

@@ -39,7 +39,7 @@ def test_wrong_rank(shape):
 
 @pytest.mark.parametrize("which,shape,what", [
     ("k", (3, 3, 20, 16), "batch size 3 but q has 2"),
-    ("v", (2, 4, 20, 16), "head count 4 but q has 3"),
+    ("v", (2, 4, 20, 16), "k has head count 3 but v has 4"),
     ("k", (2, 3, 20, 32), "head dim 32 but q has 16"),
 ])
 def test_mismatched_b_h_d(which, shape, what):
@@ -59,8 +59,8 @@ def test_kv_length_mismatch():
 def test_bshd_checks_use_the_layout():
     q, k, v = qkv((2, 20, 3, 16))            # (B, S, H, D)
     flashsci.attention(q, k, v, layout="bshd")
-    with pytest.raises(ValueError, match="head count 2 but q has 3"):
-        flashsci.attention(q, k[:, :, :2], v, layout="bshd")
+    with pytest.raises(ValueError, match=r"k and v have head count 2 but q has 3: the K/V head count must divide q's"):
+        flashsci.attention(q, k[:, :, :2], v[:, :, :2], layout="bshd")
 
 
 def test_non_contiguous_last_dim():
