@@ -4,6 +4,7 @@
                                                   # CPU-only machine: the C CPU path on its default configs
     python -m flashsci.bench --sets seed --out benchmarks/results
     python -m flashsci.bench --sets features        # protein options vs torch on real UniProt lengths
+    python -m flashsci.bench --sets gqa             # grouped-query attention vs SDPA enable_gqa (bench_gqa.py)
     python -m flashsci.bench --sets linear          # fused linear / SwiGLU vs torch GEMMs (bench_linear.py)
     python -m flashsci.bench --e2e                  # HF ESM2 / ProtT5 stock vs patched, proteins/s (bench_e2e.py)
 
@@ -355,7 +356,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", default="seed,protein,sweep",
                     help="GPU config sets: seed, protein, sweep; features (protein options, bench_features.py); "
-                         "linear (GEMMs, bench_linear.py)")
+                         "gqa (grouped-query attention, bench_gqa.py); linear (GEMMs, bench_linear.py)")
     ap.add_argument("--fasta", default=None, help="uniprot20k.fasta.gz for the features set's length mix")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     ap.add_argument("--head-dim", type=int, default=None, help="only configs with this head dim")
@@ -374,8 +375,11 @@ def main(argv=None):
         run_e2e(args.dtype, args.out, args.fasta, args.e2e_proteins,
                 args.e2e_models.split(",") if args.e2e_models else None, layers=args.e2e_layers)
     elif _gpu_ready() and not args.cpu:
-        if sets - {"features", "linear"}:
+        if sets - {"features", "linear", "gqa"}:
             run_gpu(sets, args.dtype, args.out, args.head_dim)
+        if "gqa" in sets:
+            from flashsci.bench_gqa import run_gqa
+            run_gqa(args.dtype, args.out)
         if "linear" in sets:
             from flashsci.bench_linear import run_linear
             run_linear(args.dtype, args.out)
