@@ -128,6 +128,9 @@
  *       (the sm80 kernel before) 8.9 -> 8.0, 8x8x256x64 9.6 -> 8.0 (cuDNN 24, 15, 15.5, 9.0, 9.1). Not built (NOTES.md,
  *       session 24): K/V multicast over 2-block clusters at D = 128; with the V loads left out altogether (half the
  *       L2 -> SM bytes, wrong results) ProtT5-XL ran no faster (252, 253 -> 259, 244 us)
+ *   v6.10 grouped K/V heads (the producer loads K/V head h / kv_group; multi-query K/V by expand now here, 2.3-2.5x the
+ *       sm80 kernel). Dropped (session 25): a quarter or an eighth of the D = 128 exponentials on the FMA pipe, 3-7%
+ *       slower (ProtT5-XL 253, 259 -> 276, 267 us), and the row max in four chains, level
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
