@@ -33,7 +33,7 @@ typedef struct {
     const void *src;
     void *dst;                 /* (nb, H, S, D) contiguous */
     int64_t ss, sh, sb;        /* source strides, elements */
-    int S, nb, H;              /* k's H: the K/V heads */
+    int S, nb, H;              /* rows per batch, batches, heads (k: the K/V heads) */
     const int32_t *cu;         /* n_seq + 1 sequence starts, or NULL */
     int n_seq;
 } fs_rotary_side;
