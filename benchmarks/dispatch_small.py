@@ -10,7 +10,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashsci
-from flashsci.bench import _slug, _with_backend, attention_input_sets, graph_kernel_times_us
+from flashsci.bench import _slug, _with_backend, attention_input_sets, forced, graph_kernel_times_us
 
 F = torch.nn.functional
 SHAPES = [(1, 1, 256, 128, False), (1, 1, 1024, 128, False), (1, 8, 2048, 128, False), (2, 8, 1024, 128, False),
@@ -18,17 +18,6 @@ SHAPES = [(1, 1, 256, 128, False), (1, 1, 1024, 128, False), (1, 8, 2048, 128, F
           (1, 32, 512, 64, False), (1, 20, 1024, 64, False), (1, 20, 1024, 64, True), (1, 8, 1024, 64, False),
           (8, 8, 256, 64, False), (1, 1, 512, 64, False), (1, 1, 256, 64, False), (1, 1, 64, 64, False),
           (1, 20, 512, 64, False), (1, 2, 1024, 64, False), (1, 4, 2048, 64, False), (1, 1, 512, 64, True)]
-
-
-def forced(kernel, fn):
-    """fn with flashsci's attention dispatch set to kernel ('sm80' or 'auto') while it runs (and is captured)."""
-    def call(*args):
-        flashsci._flashsci._set_attention_kernel(kernel)
-        try:
-            return fn(*args)
-        finally:
-            flashsci._flashsci._set_attention_kernel("auto")
-    return call
 
 
 def main():

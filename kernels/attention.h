@@ -63,6 +63,12 @@ typedef struct {
     fs_dtype t5_dtype;
 } fs_attn_params;
 
+/* K and V's head count, Hkv = H / kv_group. */
+static inline int fs_kv_heads(const fs_attn_params *p)
+{
+    return p->H / p->kv_group;
+}
+
 /* CUDA kernels keep the T5 bias of every relative position in shared memory (clamped where buckets saturate):
  * min(Sq - 1, max_distance) + min(Sk - 1, max_distance) + 1 entries, at most this many */
 #define FS_CUDA_T5_MAX 16384

@@ -841,7 +841,7 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     sm90_extent(p, 0, &sk, &nb);
     CUtensorMap mq, mk, mv, mo;
     if (err == cudaSuccess) err = sm90_map(&mq, p->q, bf16, sq, p->H, nb, D, p->q_ss, p->q_sh, p->q_sb, BR);
-    const int hkv = p->H / p->kv_group;
+    const int hkv = fs_kv_heads(p);
     if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, hkv, nb, D, p->k_ss, p->k_sh, p->k_sb, BC);
     if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, hkv, nb, D, p->v_ss, p->v_sh, p->v_sb, BC);
     if (err == cudaSuccess) err = sm90_map(&mo, p->o, bf16, sq, p->H, nb, D, p->o_ss, p->o_sh, p->o_sb, 64);
@@ -941,7 +941,7 @@ static int sm90_pays(const fs_attn_params *p, long long items, int sm_count)
 extern "C" int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count)
 {
 #ifdef FLASHSCI_SM90A
-    const int br = 64 * sm90_nwg(p->D), hkv = p->H / p->kv_group;
+    const int br = 64 * sm90_nwg(p->D), hkv = fs_kv_heads(p);
     int sq, sk, nb, lneg = 0, t5_n = 0;
     sm90_extent(p, 1, &sq, &nb);
     sm90_extent(p, 0, &sk, &nb);

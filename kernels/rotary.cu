@@ -105,7 +105,7 @@ static fs_rotary_side rotary_side(const fs_attn_params *p, int query_side, void 
     s.sb = query_side ? p->q_sb : p->k_sb;
     s.S = packed ? (int)(query_side ? p->total_q : p->total_k) : query_side ? p->Sq : p->Sk;
     s.nb = packed ? 1 : p->B;
-    s.H = query_side ? p->H : p->H / p->kv_group;
+    s.H = query_side ? p->H : fs_kv_heads(p);
     s.cu = packed ? (query_side ? p->cu_seqlens_q : p->cu_seqlens_k) : NULL;
     s.n_seq = p->B;
     return s;

@@ -167,6 +167,17 @@ def _with_backend(sdpa_kernel, backend, sdpa):
     return fn
 
 
+def forced(kernel, fn):
+    """fn with flashsci's attention dispatch set to kernel ('sm80' or 'auto') while it runs (and is captured)."""
+    def call(*args):
+        flashsci._flashsci._set_attention_kernel(kernel)
+        try:
+            return fn(*args)
+        finally:
+            flashsci._flashsci._set_attention_kernel("auto")
+    return call
+
+
 def attention_input_sets(torch, b, h, s, d, dtype, sk=None):
     """Rotating (q, k, v) sets of shape (b, h, s, d) (k, v: sk rows if given) whose bytes, outputs included, together
     reach twice the L2."""

@@ -12,7 +12,8 @@ import math
 import time
 
 import flashsci
-from flashsci.bench import _slug, _with_backend, _write_results, flops, graph_kernel_times_us, paired_kernel_times_us
+from flashsci.bench import (_slug, _with_backend, _write_results, flops, forced, graph_kernel_times_us,
+                            paired_kernel_times_us)
 
 CONFIGS = [  # (B, H, Hkv, S, D)
     (16, 32, 8, 1024, 128), (4, 32, 8, 4096, 128), (4, 32, 4, 4096, 64), (16, 32, 1, 1024, 128), (1, 32, 8, 2048, 128),
@@ -28,17 +29,6 @@ def gqa_input_sets(torch, b, h, hkv, s, d, dtype):
         q, k, v = (torch.randn(b, n, s, d, device="cuda", dtype=dtype) for n in (h, hkv, hkv))
         sets.append((q, k, v, *(x.repeat_interleave(h // hkv, dim=1) for x in (k, v))))
     return sets
-
-
-def _portable(fn):
-    """fn with flashsci's dispatch forced to the sm80 kernel while it runs (graph capture records that launch)."""
-    def run(*x):
-        flashsci._flashsci._set_attention_kernel("sm80")
-        try:
-            return fn(*x)
-        finally:
-            flashsci._flashsci._set_attention_kernel("auto")
-    return run
 
 
 def run_gqa(dtype_name, out_dir):
@@ -72,7 +62,7 @@ def run_gqa(dtype_name, out_dir):
         row["flashsci grouped us"], row["flashsci repeated us"] = own["grouped"], own["repeated"]
         if hkv == 1:   # the same K/V as torch's expand (head stride 0): as dispatched, and on the portable kernel
             wide = lambda q, k, v, kr, vr: flashsci.attention(q, k.expand(q.shape), v.expand(q.shape), causal=causal)
-            t = graph_kernel_times_us(torch, {"auto": wide, "sm80": _portable(wide)}, inputs)
+            t = graph_kernel_times_us(torch, {"auto": wide, "sm80": forced("sm80", wide)}, inputs)
             row["expand us"], row["expand sm80 us"] = t["auto"], t["sm80"]
         q, k, v, kr, vr = inputs[0]
         row["max diff vs sdpa"] = (fs(q, k, v, kr, vr).float() - gqa(q, k, v).float()).abs().max().item()
