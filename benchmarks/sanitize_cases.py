@@ -93,6 +93,11 @@ flashsci.attention(q.transpose(1, 2), k[:, :, :200].transpose(1, 2), v[:, :, :20
 kpm = torch.rand(3, 300, device=dev) < 0.7                                          # sm90: key padding, holes and a suffix
 kpm[1, 200:] = False
 flashsci.attention(q, k, v, key_padding_mask=kpm, causal=True, rotary=True)
+pos = torch.arange(700, device=dev)                                                 # sm90: all-padding tiles skipped
+kpm = torch.stack([pos >= 400, (pos < 30) | (pos >= 600), pos == 699])             # (left padding, a hole, one key)
+for d in (64, 128):
+    q, k, v = (torch.randn(3, 48, 700, d, device=dev, dtype=f16) for _ in range(3))
+    flashsci.attention(q, k, v, key_padding_mask=kpm, causal=d == 64)
 q, k, v = (torch.randn(1, 2, 600, 96, device=dev, dtype=f16) for _ in range(3))     # sm80: rotary by the pre-pass
 flashsci.attention(q, k, v, rotary=True, key_padding_mask=torch.rand(1, 600, device=dev) < 0.5, causal=True)
 cu = torch.tensor([0, 1, 171, 301, 301, 340], dtype=torch.int32, device=dev)           # sm90, 64-key tiles

@@ -27,8 +27,9 @@
  *
  * Scope: D = 64 and 128; of the protein options packed variable length, seqlens, key padding masks and the T5 bias
  * (FEAT instantiations: per-sequence offsets and lengths, the T5 table of the item's head in shared memory, expanded
- * for every head by a small kernel ahead of the launch, sm90_t5_expand; a padding mask's last kept key ends each
- * batch's key range, and the keys it drops before that come as one word per thread and tile, sm90_kpm_prepare);
+ * for every head by a small kernel ahead of the launch, sm90_t5_expand; of a padding mask, each batch's list of the
+ * key tiles that keep a key, visited in order (the others skipped), and per thread and listed tile a word of the keys
+ * it drops, sm90_kpm_prepare);
  * rotary through a pre-pass that rotates q and k into the workspace (rotary.cu); no additive bias, no KV split (the
  * sm80 kernel takes the rest). K/V may have fewer heads than Q (grouped-query attention: item (b, h) loads K/V head
  * h / kv_group), K/V broadcast over heads included (one shared head).
@@ -131,6 +132,10 @@
  *   v6.10 grouped K/V heads (the producer loads K/V head h / kv_group; multi-query K/V by expand now here, 2.3-2.5x the
  *       sm80 kernel). Dropped (session 25): a quarter or an eighth of the D = 128 exponentials on the FMA pipe, 3-7%
  *       slower (ProtT5-XL 253, 259 -> 276, 267 us), and the row max in four chains, level
+ *   v6.11 key padding: the tiles that keep a key as a list per batch, all-padding tiles skipped wherever they lie
+ *       (before: only those after the last kept key). H100 fp16, the UniProt batches of ESM2-3B heads padded on the
+ *       left (benchmarks/kpm_quick.py, two rounds, us): random order 452, 554, 291, 856, 626, 220 -> 226-230, 264-265,
+ *       186, 245-246, 279-283, 143; padded on the right 3-7% faster there (the pre-pass's loads unrolled)
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -193,9 +198,12 @@ typedef struct {
     int t5_lneg, t5_n; /* FEAT, T5: bias of relative positions -t5_lneg .. t5_n - 1 - t5_lneg (fs_t5_span) */
     int t5_row;        /* FEAT, T5: floats per head in t5_rows, a multiple of 4 */
     const float *t5_rows; /* FEAT, T5: each head's table as shared memory holds it (sm90_t5_expand) */
-    const int *kpm_end;   /* FEAT, key padding: per batch its last kept key + 1 (sm90_kpm_prepare) */
-    const uint32_t *kpm_drop; /* FEAT, key padding: per (batch, key tile, lane % 4) the keys the mask drops */
-    int kpm_tiles;        /* FEAT, key padding: key tiles per batch in kpm_drop */
+    /* FEAT, key padding (sm90_kpm_prepare): a batch's key tiles that keep a key, in order, as its list; per (batch,
+     * tile t) the count of the list's tiles before t (t = 0 .. kpm_tiles); per (batch, list entry, lane % 4) the
+     * entry's tile and the keys of it the mask drops */
+    const int *kpm_count;
+    const uint2 *kpm_list; /* {dropped keys, tile} */
+    int kpm_tiles;         /* key tiles per batch */
 } fs_sm90_args;
 
 #ifdef FS_WGMMA
@@ -203,8 +211,9 @@ typedef struct {
  * the tiles of one head adjacent (K/V shared in L2); causal: sections of a.section heads whose K and V fit in
  * about half of L2, each section's heaviest tiles (last rows) first. FEAT: the sequence's rows start at qo / ko
  * of the packed tensors (tb = 0 names their one batch) and hold q_len / k_len rows; a packed item past its
- * sequence is skipped, a padded one (seqlens) has no tiles and writes zeros. Key padding: keys after the last kept
- * one are past k_len. n_kv = -1 marks the end of a block's items. */
+ * sequence is skipped, a padded one (seqlens) has no tiles and writes zeros. Key padding: n_kv counts the tiles with a
+ * kept key, which the item visits in order (a.kpm_list), the others skipped. n_kv = -1 marks the end of a block's
+ * items. */
 typedef struct {
     int b, h, q0, n_kv, tb, skip;
     fs_seq seq;
@@ -226,9 +235,9 @@ template <bool FEAT, bool KPM> FS_DEV sm90_work sm90_item(const fs_sm90_args &a,
     const int bh = p.causal ? first + r % heads : t / a.n_qtiles, b = bh / p.H;
     const int q0 = (p.causal ? a.n_qtiles - 1 - r / heads : t % a.n_qtiles) * br;
     fs_seq seq = FEAT ? seq_geometry(p, b) : fs_seq{0, 0, p.Sq, p.Sk};
-    if (KPM) seq.k_len = min(seq.k_len, a.kpm_end[b]);
     const int kv_end = q0 >= seq.q_len ? 0 : p.causal ? min(seq.k_len, min(q0 + br, seq.q_len)) : seq.k_len;
-    return sm90_work{b, bh % p.H, q0, (kv_end + bc - 1) / bc, FEAT && p.cu_seqlens_q ? 0 : b,
+    const int tiles = (kv_end + bc - 1) / bc;
+    return sm90_work{b, bh % p.H, q0, KPM ? a.kpm_count[b * (a.kpm_tiles + 1) + tiles] : tiles, FEAT && p.cu_seqlens_q ? 0 : b,
                      FEAT && p.cu_seqlens_q && q0 >= seq.q_len, seq};
 }
 
@@ -419,8 +428,9 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 load(sQ, &map_q, BR, qrow, w.tb, w.h, q_full, q_empty, q_phase ^ 1);
                 q_phase ^= 1;
                 for (int j = 0; j < w.n_kv; j++) {
-                    load(sK + s * BC * D, &map_k, BC, krow + j * BC, w.tb, hkv, &k_full[s], &k_empty[s], phase ^ 1);
-                    load(sV + s * BC * D, &map_v, BC, krow + j * BC, w.tb, hkv, &v_full[s], &v_empty[s], phase ^ 1);
+                    const int k0 = krow + (KPM ? (int)a.kpm_list[(w.b * a.kpm_tiles + j) * 4].y : j) * BC;
+                    load(sK + s * BC * D, &map_k, BC, k0, w.tb, hkv, &k_full[s], &k_empty[s], phase ^ 1);
+                    load(sV + s * BC * D, &map_v, BC, k0, w.tb, hkv, &v_full[s], &v_empty[s], phase ^ 1);
                     if (++s == STAGES) { s = 0; phase ^= 1; }
                 }
             }
@@ -600,7 +610,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 /* tile 0: S_0, its softmax (O is still zero) */
                 {
                     float sc[NS * 4];
-                    const uint32_t drop = KPM ? __ldg(a.kpm_drop + (w.b * a.kpm_tiles) * 4 + t4) : 0;
+                    const uint2 kt = KPM ? __ldg(a.kpm_list + (w.b * a.kpm_tiles) * 4 + t4) : make_uint2(0, 0);
                     mbar_wait(&k_full[s], phase);
                     issue_turn_wait(cw);
                     wgmma_fence();
@@ -611,8 +621,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                         mbar_arrive(&k_empty[s]);
                         if (!Q_REGS && n_kv == 1) mbar_arrive(q_empty); /* the item's last Q K^T is done: Q may be refilled */
                     }
-                    sm90_softmax<NS, FEAT, KPM>(sc, p, 0, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n, drop, m_i, l_i,
-                                                alpha);
+                    sm90_softmax<NS, FEAT, KPM>(sc, p, kt.y * BC, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n, kt.x,
+                                                m_i, l_i, alpha);
                     sm90_pack_p<NS, T>(sc, pk);
                 }
                 int sv = s, phase_v = phase; /* the stage whose V the pending P V reads */
@@ -621,7 +631,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                  * (ptxas puts that wait ahead of the softmax: see the header) */
                 for (int j = 1; j < n_kv; j++) {
                     float sc[NS * 4];
-                    const uint32_t drop = KPM ? __ldg(a.kpm_drop + (w.b * a.kpm_tiles + j) * 4 + t4) : 0;
+                    const uint2 kt = KPM ? __ldg(a.kpm_list + (w.b * a.kpm_tiles + j) * 4 + t4) : make_uint2(0, j);
                     mbar_wait(&v_full[sv], phase_v); /* loaded before K_j */
                     mbar_wait(&k_full[s], phase);
                     issue_turn_wait(cw);
@@ -634,8 +644,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                         mbar_arrive(&k_empty[s]);
                         if (!Q_REGS && j == n_kv - 1) mbar_arrive(q_empty);
                     }
-                    sm90_softmax<NS, FEAT, KPM>(sc, p, j * BC, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n, drop, m_i,
-                                                l_i, alpha);
+                    sm90_softmax<NS, FEAT, KPM>(sc, p, (int)kt.y * BC, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n,
+                                                kt.x, m_i, l_i, alpha);
                     wgmma_wait<0>(); /* P_{j-1} V_{j-1} landed */
                     if (lane == 0) mbar_arrive(&v_empty[sv]);
 #pragma unroll
@@ -691,29 +701,48 @@ __global__ void sm90_t5_expand(const fs_attn_params p, int t5_lneg, int t5_n, in
     }
 }
 
-/* Each batch's key padding mask as the attention kernel reads it (sm90_item, sm90_softmax), one block per batch b,
- * launched ahead of it: end[b] = the last kept key + 1 (0 if none); drop[(b tiles + j) 4 + t4] = the keys of tile j
- * (bc columns) the mask drops, bit 2 n + c for column 8 n + 2 t4 + c, the columns of lane t4 of a row's quad. */
-__global__ void sm90_kpm_prepare(const fs_attn_params p, int bc, int tiles, int *end, uint32_t *drop)
+/* Each batch's key padding mask as the attention kernel reads it (sm90_item, the producer, sm90_softmax), one block
+ * of 256 threads per batch b, launched ahead of it: the key tiles (BC columns) that keep a key form b's list, in order;
+ * count[b (tiles + 1) + t] = the list's tiles before tile t (t = tiles: all of them); list[(b tiles + i) 4 + t4] =
+ * {the keys of entry i's tile the mask drops, bit 2 n + c for column 8 n + 2 t4 + c (lane t4 of a row's quad), the
+ * tile}. A thread takes one (tile, t4) word of each chunk of 64 tiles. */
+template <int BC>
+__global__ void sm90_kpm_prepare(const fs_attn_params p, int tiles, int *count, uint2 *list)
 {
-    __shared__ int last;
-    if (threadIdx.x == 0) last = 0;
-    __syncthreads();
+    __shared__ int warp_kept[8], base;
     const uint8_t *row = p.kpm + blockIdx.x * p.kpm_sb;
-    int e = 0;
-    for (int j = threadIdx.x; j < p.Sk; j += blockDim.x)
-        if (row[j * p.kpm_sk]) e = j + 1;
-    atomicMax(&last, e);
-    for (int i = threadIdx.x; i < tiles * 4; i += blockDim.x) {
+    int *cnt = count + blockIdx.x * (tiles + 1);
+    uint2 *out = list + (int64_t)blockIdx.x * tiles * 4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t4 = lane & 3;
+    if (threadIdx.x == 0) base = 0;
+    for (int i0 = 0; i0 < tiles * 4; i0 += 256) {
+        const int t = (i0 + (int)threadIdx.x) / 4;
         uint32_t word = 0;
-        for (int bit = 0; bit < bc / 4; bit++) {
-            const int col = i / 4 * bc + 8 * (bit >> 1) + 2 * (i % 4) + (bit & 1);
-            if (col < p.Sk && !row[col * p.kpm_sk]) word |= 1u << bit;
+        bool any = false;
+#pragma unroll
+        for (int bit = 0; bit < BC / 4; bit++) {
+            const int col = t * BC + 8 * (bit >> 1) + 2 * t4 + (bit & 1);
+            const bool in = t < tiles && col < p.Sk, keep = in && row[(int64_t)col * p.kpm_sk];
+            any |= keep;
+            if (in && !keep) word |= 1u << bit;
         }
-        drop[(int64_t)blockIdx.x * tiles * 4 + i] = word;
+        /* the tile is kept if any of its quad's lanes keeps a key; its list entry follows the kept tiles before it */
+        const bool kept = (__ballot_sync(0xffffffffu, any) >> (lane & ~3)) & 15u;
+        const unsigned firsts = __ballot_sync(0xffffffffu, kept && t4 == 0);
+        __syncthreads(); /* base as the last chunk left it, warp_kept read */
+        if (lane == 0) warp_kept[warp] = __popc(firsts);
+        __syncthreads();
+        int pos = base + __popc(firsts & ((1u << (lane & ~3)) - 1));
+        for (int w = 0; w < warp; w++) pos += warp_kept[w];
+        if (t < tiles) {
+            if (t4 == 0) cnt[t] = pos;
+            if (kept) out[pos * 4 + t4] = make_uint2(word, (unsigned)t);
+        }
+        __syncthreads(); /* every thread has read base */
+        if (threadIdx.x == 255) base = pos + kept;
     }
     __syncthreads();
-    if (threadIdx.x == 0) end[blockIdx.x] = last;
+    if (threadIdx.x == 0) cnt[tiles] = base;
 }
 
 /* A 4-D tensor map over one of q, k, v as (D, S, H, B) read in boxes of 64 columns x rows; a size-1 dim gets
@@ -793,12 +822,13 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
         *plan = fs_sm80_plan{0, 1, BR, BC, THREADS, SMEM, a.n_qtiles, 1, 1, grid, 0, p->rotary ? 2 : 0};
         return cudaSuccess;
     }
-    /* workspace: the claim counters, then (T5) the expanded tables, (key padding) each batch's end and drop words,
+    /* workspace: the claim counters, then (T5) the expanded tables, (key padding) each batch's tile counts and list,
      * (rotary) q and k rotated by the pre-pass */
     const int claims = sm90_claims(p, BR);
     a.kpm_tiles = (p->Sk + BC - 1) / BC;
     const size_t kpm_at = FS_COUNTER_BYTES + (size_t)p->H * a.t5_row * 4;
-    const size_t kpm_bytes = p->kpm ? (size_t)p->B * (1 + 4 * a.kpm_tiles) * 4 : 0;
+    const size_t kpm_list_at = kpm_at + ((size_t)p->B * (a.kpm_tiles + 1) * 4 + 15) / 16 * 16;
+    const size_t kpm_bytes = p->kpm ? kpm_list_at - kpm_at + (size_t)p->B * a.kpm_tiles * 4 * 8 : 0;
     const size_t rot_at = (kpm_at + kpm_bytes + 255) / 256 * 256;
     void *ws = NULL;
     cudaError_t err = fs_kernel_prepare(kernel, &handle, SMEM, device);
@@ -807,18 +837,18 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     if (err != cudaSuccess) return err;
     unsigned char *wsb = static_cast<unsigned char *>(ws);
     if (claims) a.claims = static_cast<int *>(ws);
-    a.kpm_end = NULL;
-    a.kpm_drop = NULL;
+    a.kpm_count = NULL;
+    a.kpm_list = NULL;
     if (p->kpm) {
         static fs_kernel prepare;
-        int *end = reinterpret_cast<int *>(wsb + kpm_at), bc = BC;
-        uint32_t *drop = reinterpret_cast<uint32_t *>(end + p->B);
+        int *count = reinterpret_cast<int *>(wsb + kpm_at);
+        uint2 *list = reinterpret_cast<uint2 *>(wsb + kpm_list_at);
         fs_attn_params pk = *p;
-        void *kargs[] = {&pk, &bc, &a.kpm_tiles, &end, &drop};
-        err = fs_kernel_prepare((const void *)sm90_kpm_prepare, &prepare, 0, device);
+        void *kargs[] = {&pk, &a.kpm_tiles, &count, &list};
+        err = fs_kernel_prepare((const void *)sm90_kpm_prepare<BC>, &prepare, 0, device);
         if (err == cudaSuccess) err = fs_launch(&prepare, device, (unsigned)p->B, 256, 0, stream, kargs);
-        a.kpm_end = end;
-        a.kpm_drop = drop;
+        a.kpm_count = count;
+        a.kpm_list = list;
     }
     fs_attn_params rotated; /* from here on p describes the rotated copies */
     if (p->rotary && err == cudaSuccess) {

@@ -80,8 +80,7 @@ def esm_rotary(x, base=10000.0, positions=None):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("h", [3, 40])
 def test_key_padding_mask(h, d, causal, dtype):
-    """The sm80 kernel (three heads at D = 64), skipping all-padding key tiles, and the sm90 one on Hopper, whose keys
-    end at each batch's last kept one, the others dropped one by one."""
+    """The sm80 kernel (three heads at D = 64) and the sm90 one on Hopper, each skipping all-padding key tiles."""
     b, s = 4, 333
     hopper = hopper_kernel()
     plan = flashsci._flashsci._launch_plan(b, h, s, s, d, causal, key_padding_mask=True)
@@ -150,6 +149,38 @@ def test_key_padding_mask_long_padded_suffix_split_path():
     out = poisoned(q)
     flashsci.attention(q, k, v, key_padding_mask=kpm, out=out)
     assert_close(out, ref64(q, k, v, 0.125, keep)[0], torch_lowp(q, k, v, 0.125, keep), "kpm split")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_key_padding_mask_padding_tiles(d, causal, dtype):
+    """All-padding key tiles before, between and after kept keys, with enough heads for the sm90 kernel on Hopper,
+    which visits only the tiles that keep a key (its list from sm90_kpm_prepare); the T5 bias on the visited
+    tiles' true positions."""
+    b, h, s = 6, 8, 1100
+    plan = flashsci._flashsci._launch_plan(b, h, s, s, d, causal, key_padding_mask=True)
+    assert plan["kernel"] == ("sm90" if hopper_kernel() else "sm80")
+    q, k, v = (rand(b, h, s, d, dtype=dtype) for _ in range(3))
+    pos = torch.arange(s, device="cuda")
+    tile = pos // 128
+    kpm = torch.stack([pos >= 700,                                                   # left padding
+                       (pos < 50) | ((pos >= 600) & (pos < 650)) | (pos >= 1090),    # holes
+                       tile % 2 == 1,                                                # every other tile
+                       (tile % 3 == 0) & (torch.rand(s, device="cuda") < 0.5),       # scattered in every third
+                       pos == 1099,                                                  # the last key alone
+                       torch.rand(s, device="cuda") < 0.9])
+    table = torch.randn(h, 32, device="cuda")
+    for kw, add in [({}, None), ({"t5_bias": (table, 32, 128, True)}, t5_dense(table, s, s, 32, 128, True))]:
+        keep = kpm[:, None, None, :] & (causal_keep(s, s) if causal else True)
+        ref, ref_lse = ref64(q, k, v, d ** -0.5, keep, add)
+        out = poisoned(q)
+        _, lse = flashsci.attention(q, k, v, causal=causal, key_padding_mask=kpm, out=out, return_lse=True, **kw)
+        assert_close(out, ref, torch_lowp(q, k, v, d ** -0.5, keep, add), f"padding tiles {list(kw)}")
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse), finite)
+        assert (lse[finite].double() - ref_lse[finite]).abs().max().item() < 1e-3
+        assert (out[~finite] == 0).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
