@@ -58,6 +58,11 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
     const size_t bias_es = p->bias ? fs_dtype_size(p->bias_dtype) : 0;
     for (int64_t j0 = 0; j0 < kend; j0 += FS_CPU_BC) {
         const int cols = (int)((kend - j0) < FS_CPU_BC ? (kend - j0) : FS_CPU_BC);
+        if (p->kpm) { /* a block of keys the padding mask drops altogether is skipped */
+            int kept = 0;
+            for (int c = 0; c < cols && !kept; c++) kept = p->kpm[b * p->kpm_sb + (j0 + c) * p->kpm_sk];
+            if (!kept) continue;
+        }
         for (int c = 0; c < cols; c++) {
             REAL row[FS_CPU_MAX_D];
             LOAD_ROW(kb + es * (b * p->k_sb + hkv * p->k_sh + (ko + j0 + c) * p->k_ss), p->dtype, row, D);

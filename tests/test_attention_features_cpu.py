@@ -86,6 +86,22 @@ def test_key_padding_mask(dtype, causal):
         assert not fin.any() or np.abs(lse[fin] - ref_lse[fin]).max() < 1e-4   # causal + mask can leave no key at all
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_padding_mask_padding_blocks(causal):
+    """Blocks of keys (64) that are all padding, before, between and after kept keys, are skipped."""
+    rng = np.random.default_rng()
+    pos = np.arange(300)
+    kpm = np.stack([pos >= 200, (pos < 10) | ((pos >= 150) & (pos < 160)) | (pos >= 290), (pos // 64) % 2 == 1, pos == 299])
+    q, k, v = qkv(rng, 4, 2, 300, 300, 32)
+    out = np.full_like(q, np.nan)
+    _, lse = flashsci.attention(q, k, v, key_padding_mask=kpm, causal=causal, out=out, return_lse=True)
+    ref, ref_lse = reference(q, k, v, causal=causal, kpm=kpm)
+    assert np.abs(out - ref).max() <= BOUND["float32"]
+    fin = np.isfinite(ref_lse)
+    assert np.array_equal(fin, np.isfinite(lse)) and np.abs(lse[fin] - ref_lse[fin]).max() < 1e-4
+    assert (out[~fin] == 0).all()
+
+
 def test_key_padding_mask_broadcast_batch():
     rng = np.random.default_rng()
     q, k, v = qkv(rng, 2, 2, 30, 40, 16)
