@@ -28,8 +28,8 @@
  * Scope: D = 64 and 128; of the protein options packed variable length, seqlens, key padding masks and the T5 bias
  * (FEAT instantiations: per-sequence offsets and lengths, the T5 table of the item's head in shared memory, expanded
  * for every head by a small kernel ahead of the launch, sm90_t5_expand; of a padding mask, each batch's list of the
- * key tiles that keep a key, visited in order (the others skipped), and per thread and listed tile a word of the keys
- * it drops, sm90_kpm_prepare);
+ * key tiles that keep a key, tiles counted from its first kept key, visited in order (the others skipped), and per
+ * thread and listed tile a word of the keys it drops, sm90_kpm_prepare);
  * rotary through a pre-pass that rotates q and k into the workspace (rotary.cu); no additive bias, no KV split (the
  * sm80 kernel takes the rest). K/V may have fewer heads than Q (grouped-query attention: item (b, h) loads K/V head
  * h / kv_group), K/V broadcast over heads included (one shared head).
@@ -198,12 +198,13 @@ typedef struct {
     int t5_lneg, t5_n; /* FEAT, T5: bias of relative positions -t5_lneg .. t5_n - 1 - t5_lneg (fs_t5_span) */
     int t5_row;        /* FEAT, T5: floats per head in t5_rows, a multiple of 4 */
     const float *t5_rows; /* FEAT, T5: each head's table as shared memory holds it (sm90_t5_expand) */
-    /* FEAT, key padding (sm90_kpm_prepare): a batch's key tiles that keep a key, in order, as its list; per (batch,
-     * tile t) the count of the list's tiles before t (t = 0 .. kpm_tiles); per (batch, list entry, lane % 4) the
-     * entry's tile and the keys of it the mask drops */
+    /* FEAT, key padding (sm90_kpm_prepare): a batch's key tiles start at its first kept key f, tile t at f + t Bc, and
+     * those that keep a key, in order, are its list; per batch f, then per tile t the count of the list's tiles
+     * before t (t = 0 .. kpm_tiles); per (batch, list entry, lane % 4) the keys of the entry's tile the mask drops
+     * and its first key */
     const int *kpm_count;
-    const uint2 *kpm_list; /* {dropped keys, tile} */
-    int kpm_tiles;         /* key tiles per batch */
+    const uint2 *kpm_list; /* {dropped keys, first key} */
+    int kpm_tiles;         /* key tiles per batch, at most */
 } fs_sm90_args;
 
 #ifdef FS_WGMMA
@@ -237,7 +238,12 @@ template <bool FEAT, bool KPM> FS_DEV sm90_work sm90_item(const fs_sm90_args &a,
     fs_seq seq = FEAT ? seq_geometry(p, b) : fs_seq{0, 0, p.Sq, p.Sk};
     const int kv_end = q0 >= seq.q_len ? 0 : p.causal ? min(seq.k_len, min(q0 + br, seq.q_len)) : seq.k_len;
     const int tiles = (kv_end + bc - 1) / bc;
-    return sm90_work{b, bh % p.H, q0, KPM ? a.kpm_count[b * (a.kpm_tiles + 1) + tiles] : tiles, FEAT && p.cu_seqlens_q ? 0 : b,
+    int n_kv = tiles;
+    if (KPM) { /* the listed tiles that start before kv_end */
+        const int *count = a.kpm_count + b * (a.kpm_tiles + 2), ahead = (kv_end - count[0] + bc - 1) / bc;
+        n_kv = count[1 + min(max(ahead, 0), a.kpm_tiles)];
+    }
+    return sm90_work{b, bh % p.H, q0, n_kv, FEAT && p.cu_seqlens_q ? 0 : b,
                      FEAT && p.cu_seqlens_q && q0 >= seq.q_len, seq};
 }
 
@@ -428,7 +434,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 load(sQ, &map_q, BR, qrow, w.tb, w.h, q_full, q_empty, q_phase ^ 1);
                 q_phase ^= 1;
                 for (int j = 0; j < w.n_kv; j++) {
-                    const int k0 = krow + (KPM ? (int)a.kpm_list[(w.b * a.kpm_tiles + j) * 4].y : j) * BC;
+                    const int k0 = krow + (KPM ? (int)a.kpm_list[(w.b * a.kpm_tiles + j) * 4].y : j * BC);
                     load(sK + s * BC * D, &map_k, BC, k0, w.tb, hkv, &k_full[s], &k_empty[s], phase ^ 1);
                     load(sV + s * BC * D, &map_v, BC, k0, w.tb, hkv, &v_full[s], &v_empty[s], phase ^ 1);
                     if (++s == STAGES) { s = 0; phase ^= 1; }
@@ -621,8 +627,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                         mbar_arrive(&k_empty[s]);
                         if (!Q_REGS && n_kv == 1) mbar_arrive(q_empty); /* the item's last Q K^T is done: Q may be refilled */
                     }
-                    sm90_softmax<NS, FEAT, KPM>(sc, p, kt.y * BC, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n, kt.x,
-                                                m_i, l_i, alpha);
+                    sm90_softmax<NS, FEAT, KPM>(sc, p, KPM ? (int)kt.y : 0, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n,
+                                                kt.x, m_i, l_i, alpha);
                     sm90_pack_p<NS, T>(sc, pk);
                 }
                 int sv = s, phase_v = phase; /* the stage whose V the pending P V reads */
@@ -631,7 +637,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                  * (ptxas puts that wait ahead of the softmax: see the header) */
                 for (int j = 1; j < n_kv; j++) {
                     float sc[NS * 4];
-                    const uint2 kt = KPM ? __ldg(a.kpm_list + (w.b * a.kpm_tiles + j) * 4 + t4) : make_uint2(0, j);
+                    const uint2 kt = KPM ? __ldg(a.kpm_list + (w.b * a.kpm_tiles + j) * 4 + t4) : make_uint2(0, 0);
                     mbar_wait(&v_full[sv], phase_v); /* loaded before K_j */
                     mbar_wait(&k_full[s], phase);
                     issue_turn_wait(cw);
@@ -644,8 +650,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                         mbar_arrive(&k_empty[s]);
                         if (!Q_REGS && j == n_kv - 1) mbar_arrive(q_empty);
                     }
-                    sm90_softmax<NS, FEAT, KPM>(sc, p, (int)kt.y * BC, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n,
-                                                kt.x, m_i, l_i, alpha);
+                    sm90_softmax<NS, FEAT, KPM>(sc, p, KPM ? (int)kt.y : j * BC, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg,
+                                                a.t5_n, kt.x, m_i, l_i, alpha);
                     wgmma_wait<0>(); /* P_{j-1} V_{j-1} landed */
                     if (lane == 0) mbar_arrive(&v_empty[sv]);
 #pragma unroll
@@ -702,26 +708,47 @@ __global__ void sm90_t5_expand(const fs_attn_params p, int t5_lneg, int t5_n, in
 }
 
 /* Each batch's key padding mask as the attention kernel reads it (sm90_item, the producer, sm90_softmax), one block
- * of 256 threads per batch b, launched ahead of it: the key tiles (BC columns) that keep a key form b's list, in order;
- * count[b (tiles + 1) + t] = the list's tiles before tile t (t = tiles: all of them); list[(b tiles + i) 4 + t4] =
- * {the keys of entry i's tile the mask drops, bit 2 n + c for column 8 n + 2 t4 + c (lane t4 of a row's quad), the
- * tile}. A thread takes one (tile, t4) word of each chunk of 64 tiles. */
+ * of 256 threads per batch b, launched ahead of it. b's key tiles (BC keys) start at its first kept key f (Sk if
+ * none), so that padding before it costs no tile, and those that keep a key form b's list, in order:
+ * count[b (tiles + 2)] = f, count[b (tiles + 2) + 1 + t] = the list's tiles before tile t (t = tiles: all of them);
+ * list[(b tiles + i) 4 + t4] = {the keys of entry i's tile the mask drops, bit 2 n + c for column 8 n + 2 t4 + c
+ * (lane t4 of a row's quad), the tile's first key}. A thread takes one (tile, t4) word of each chunk of 64 tiles. */
 template <int BC>
 __global__ void sm90_kpm_prepare(const fs_attn_params p, int tiles, int *count, uint2 *list)
 {
-    __shared__ int warp_kept[8], base;
+    __shared__ int warp_kept[8], base, first;
     const uint8_t *row = p.kpm + blockIdx.x * p.kpm_sb;
-    int *cnt = count + blockIdx.x * (tiles + 1);
+    int *cnt = count + blockIdx.x * (tiles + 2);
     uint2 *out = list + (int64_t)blockIdx.x * tiles * 4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t4 = lane & 3;
-    if (threadIdx.x == 0) base = 0;
+    if (threadIdx.x == 0) {
+        base = 0;
+        first = p.Sk;
+    }
+    __syncthreads();
+    /* f: each thread's first kept key among keys j = threadIdx.x mod 256, eight loads in flight at a time */
+    for (int j0 = threadIdx.x; j0 < p.Sk; j0 += 8 * 256) {
+        bool keep[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) keep[u] = j0 + u * 256 < p.Sk && row[(int64_t)(j0 + u * 256) * p.kpm_sk];
+        int f = p.Sk;
+#pragma unroll
+        for (int u = 7; u >= 0; u--)
+            if (keep[u]) f = j0 + u * 256;
+        if (f < p.Sk) {
+            atomicMin(&first, f);
+            break;
+        }
+    }
+    __syncthreads();
+    const int f = first;
     for (int i0 = 0; i0 < tiles * 4; i0 += 256) {
         const int t = (i0 + (int)threadIdx.x) / 4;
         uint32_t word = 0;
         bool any = false;
 #pragma unroll
         for (int bit = 0; bit < BC / 4; bit++) {
-            const int col = t * BC + 8 * (bit >> 1) + 2 * t4 + (bit & 1);
+            const int col = f + t * BC + 8 * (bit >> 1) + 2 * t4 + (bit & 1);
             const bool in = t < tiles && col < p.Sk, keep = in && row[(int64_t)col * p.kpm_sk];
             any |= keep;
             if (in && !keep) word |= 1u << bit;
@@ -735,14 +762,17 @@ __global__ void sm90_kpm_prepare(const fs_attn_params p, int tiles, int *count, 
         int pos = base + __popc(firsts & ((1u << (lane & ~3)) - 1));
         for (int w = 0; w < warp; w++) pos += warp_kept[w];
         if (t < tiles) {
-            if (t4 == 0) cnt[t] = pos;
-            if (kept) out[pos * 4 + t4] = make_uint2(word, (unsigned)t);
+            if (t4 == 0) cnt[1 + t] = pos;
+            if (kept) out[pos * 4 + t4] = make_uint2(word, (unsigned)(f + t * BC));
         }
         __syncthreads(); /* every thread has read base */
         if (threadIdx.x == 255) base = pos + kept;
     }
     __syncthreads();
-    if (threadIdx.x == 0) cnt[tiles] = base;
+    if (threadIdx.x == 0) {
+        cnt[0] = f;
+        cnt[1 + tiles] = base;
+    }
 }
 
 /* A 4-D tensor map over one of q, k, v as (D, S, H, B) read in boxes of 64 columns x rows; a size-1 dim gets
@@ -827,7 +857,7 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     const int claims = sm90_claims(p, BR);
     a.kpm_tiles = (p->Sk + BC - 1) / BC;
     const size_t kpm_at = FS_COUNTER_BYTES + (size_t)p->H * a.t5_row * 4;
-    const size_t kpm_list_at = kpm_at + ((size_t)p->B * (a.kpm_tiles + 1) * 4 + 15) / 16 * 16;
+    const size_t kpm_list_at = kpm_at + ((size_t)p->B * (a.kpm_tiles + 2) * 4 + 15) / 16 * 16;
     const size_t kpm_bytes = p->kpm ? kpm_list_at - kpm_at + (size_t)p->B * a.kpm_tiles * 4 * 8 : 0;
     const size_t rot_at = (kpm_at + kpm_bytes + 255) / 256 * 256;
     void *ws = NULL;
