@@ -714,6 +714,21 @@ __global__ void sm90_t5_expand(const fs_attn_params p, int t5_lneg, int t5_n, in
  * list[(b tiles + i) 4 + t4] = {the keys of entry i's tile the mask drops, bit 2 n + c for column 8 n + 2 t4 + c
  * (lane t4 of a row's quad), the tile's first key}. A thread takes one (tile, t4) word of each chunk of 64 tiles. */
 template <int BC>
+FS_DEV uint32_t sm90_kpm_word(const fs_attn_params &p, const uint8_t *row, int f, int t, int tiles, int t4, bool &any)
+{
+    uint32_t word = 0;
+    any = false;
+#pragma unroll
+    for (int bit = 0; bit < BC / 4; bit++) {
+        const int col = f + t * BC + 8 * (bit >> 1) + 2 * t4 + (bit & 1);
+        const bool in = t < tiles && col < p.Sk, keep = in && row[(int64_t)col * p.kpm_sk];
+        any |= keep;
+        if (in && !keep) word |= 1u << bit;
+    }
+    return word;
+}
+
+template <int BC>
 __global__ void sm90_kpm_prepare(const fs_attn_params p, int tiles, int *count, uint2 *list)
 {
     __shared__ int warp_kept[8], base, first;
@@ -726,6 +741,9 @@ __global__ void sm90_kpm_prepare(const fs_attn_params p, int tiles, int *count, 
         first = p.Sk;
     }
     __syncthreads();
+    /* the first chunk's word for f = 0 (key 0 kept: right padding, no padding), loaded while f is found */
+    bool any0;
+    const uint32_t word0 = sm90_kpm_word<BC>(p, row, 0, threadIdx.x / 4, tiles, t4, any0);
     /* f: each thread's first kept key among keys j = threadIdx.x mod 256, eight loads in flight at a time */
     for (int j0 = threadIdx.x; j0 < p.Sk; j0 += 8 * 256) {
         bool keep[8];
@@ -744,15 +762,8 @@ __global__ void sm90_kpm_prepare(const fs_attn_params p, int tiles, int *count, 
     const int f = first;
     for (int i0 = 0; i0 < tiles * 4; i0 += 256) {
         const int t = (i0 + (int)threadIdx.x) / 4;
-        uint32_t word = 0;
-        bool any = false;
-#pragma unroll
-        for (int bit = 0; bit < BC / 4; bit++) {
-            const int col = f + t * BC + 8 * (bit >> 1) + 2 * t4 + (bit & 1);
-            const bool in = t < tiles && col < p.Sk, keep = in && row[(int64_t)col * p.kpm_sk];
-            any |= keep;
-            if (in && !keep) word |= 1u << bit;
-        }
+        bool any = any0;
+        const uint32_t word = i0 == 0 && f == 0 ? word0 : sm90_kpm_word<BC>(p, row, f, t, tiles, t4, any);
         /* the tile is kept if any of its quad's lanes keeps a key; its list entry follows the kept tiles before it */
         const bool kept = (__ballot_sync(0xffffffffu, any) >> (lane & ~3)) & 15u;
         const unsigned firsts = __ballot_sync(0xffffffffu, kept && t4 == 0);
