@@ -132,10 +132,10 @@
  *   v6.10 grouped K/V heads (the producer loads K/V head h / kv_group; multi-query K/V by expand now here, 2.3-2.5x the
  *       sm80 kernel). Dropped (session 25): a quarter or an eighth of the D = 128 exponentials on the FMA pipe, 3-7%
  *       slower (ProtT5-XL 253, 259 -> 276, 267 us), and the row max in four chains, level
- *   v6.11 key padding: the tiles that keep a key as a list per batch, all-padding tiles skipped wherever they lie
- *       (before: only those after the last kept key). H100 fp16, the UniProt batches of ESM2-3B heads padded on the
- *       left (benchmarks/kpm_quick.py, two rounds, us): random order 452, 554, 291, 856, 626, 220 -> 226-230, 264-265,
- *       186, 245-246, 279-283, 143; padded on the right 3-7% faster there (the pre-pass's loads unrolled)
+ *   v6.11 key padding: each batch's tiles that keep a key as a list, counted from its first kept key, so all-padding
+ *       tiles are skipped wherever they lie (before: only those after the last kept key). H100 fp16, UniProt batches of
+ *       ESM2-3B heads padded on the left, random order (benchmarks/kpm_quick.py, two rounds): 220-860 -> 143-283 us with
+ *       the list on tiles from key 0, then up to 15% less counted from the first kept key (3-8% above right padding)
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
