@@ -707,12 +707,7 @@ __global__ void sm90_t5_expand(const fs_attn_params p, int t5_lneg, int t5_n, in
     }
 }
 
-/* Each batch's key padding mask as the attention kernel reads it (sm90_item, the producer, sm90_softmax), one block
- * of 256 threads per batch b, launched ahead of it. b's key tiles (BC keys) start at its first kept key f (Sk if
- * none), so that padding before it costs no tile, and those that keep a key form b's list, in order:
- * count[b (tiles + 2)] = f, count[b (tiles + 2) + 1 + t] = the list's tiles before tile t (t = tiles: all of them);
- * list[(b tiles + i) 4 + t4] = {the keys of entry i's tile the mask drops, bit 2 n + c for column 8 n + 2 t4 + c
- * (lane t4 of a row's quad), the tile's first key}. A thread takes one (tile, t4) word of each chunk of 64 tiles. */
+/* The keys the tile of BC keys from key f + t BC drops, bit 2 n + c for column 8 n + 2 t4 + c; any: it keeps one. */
 template <int BC>
 FS_DEV uint32_t sm90_kpm_word(const fs_attn_params &p, const uint8_t *row, int f, int t, int tiles, int t4, bool &any)
 {
@@ -728,6 +723,12 @@ FS_DEV uint32_t sm90_kpm_word(const fs_attn_params &p, const uint8_t *row, int f
     return word;
 }
 
+/* Each batch's key padding mask as the attention kernel reads it (sm90_item, the producer, sm90_softmax), one block
+ * of 256 threads per batch b, launched ahead of it. b's key tiles (BC keys) start at its first kept key f (Sk if
+ * none), so that padding before it costs no tile, and those that keep a key form b's list, in order:
+ * count[b (tiles + 2)] = f, count[b (tiles + 2) + 1 + t] = the list's tiles before tile t (t = tiles: all of them);
+ * list[(b tiles + i) 4 + t4] = {the keys of entry i's tile the mask drops, bit 2 n + c for column 8 n + 2 t4 + c
+ * (lane t4 of a row's quad), the tile's first key}. A thread takes one (tile, t4) word of each chunk of 64 tiles. */
 template <int BC>
 __global__ void sm90_kpm_prepare(const fs_attn_params p, int tiles, int *count, uint2 *list)
 {
