@@ -24,9 +24,9 @@ build() { # $1: name, $2: source tree
   rm -rf "/tmp/ab_$1" "/tmp/abbuild_$1"
   (cd "$2" && FLASHSCI_CUDA_ARCHS=90a python3 -m pip install --no-build-isolation --no-deps -q --target "/tmp/ab_$1" \
     -C build-dir="/tmp/abbuild_$1" . >"$OUT/logs/build_$1.log" 2>&1) || { tail -30 "$OUT/logs/build_$1.log"; return 1; }
-  echo "built $1 in $(( $(date +%s) - t0 )) s; ${SYMBOL:-attention_fwd_sm90}: $(cuobjdump -symbols /tmp/ab_$1/flashsci/*.so |
-    grep -o "_Z[0-9]*[A-Za-z0-9_]*${SYMBOL:-attention_fwd_sm90}[A-Za-z0-9_]*" | sort -u | wc -l) symbols, e.g. $(cuobjdump -symbols \
-    /tmp/ab_$1/flashsci/*.so | grep -o "_Z[0-9]*[A-Za-z0-9_]*${SYMBOL:-attention_fwd_sm90}[A-Za-z0-9_]*" | sort -u | head -1 | cut -c1-70)"
+  local syms
+  syms=$(cuobjdump -symbols /tmp/ab_$1/flashsci/*.so | grep -o "_Z[0-9]*[A-Za-z0-9_]*${SYMBOL:-attention_fwd_sm90}[A-Za-z0-9_]*" | sort -u)
+  echo "built $1 in $(( $(date +%s) - t0 )) s; ${SYMBOL:-attention_fwd_sm90}: $(echo "$syms" | grep -c .) symbols, e.g. $(echo "$syms" | head -1 | cut -c1-70)"
 }
 names=new
 build new . &

@@ -15,7 +15,7 @@ if [[ $STEPS == *build* ]]; then
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
   [[ $cc == 90 ]] && cc=90a   # Hopper: the wgmma kernel needs the arch-specific target
   t0=$(date +%s)
-  [[ -d build ]] && find kernels csrc -type f -exec touch {} +   # a warm machine's objects may be an A/B variant's
+  [[ -d build ]] && find kernels csrc -type f -exec touch {} +   # a warm machine's objects may be newer than the sources
   FLASHSCI_CUDA_ARCHS=${FLASHSCI_CUDA_ARCHS:-$cc} python3 -m pip install --no-build-isolation --no-deps -q -e . \
     ${CUDA_FLAGS:+-C "cmake.define.CMAKE_CUDA_FLAGS=$CUDA_FLAGS"} \
     >"$OUT/logs/build.log" 2>&1 || { tail -40 "$OUT/logs/build.log"; exit 1; }

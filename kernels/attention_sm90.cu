@@ -707,6 +707,8 @@ __global__ void sm90_t5_expand(const fs_attn_params p, int t5_lneg, int t5_n, in
     }
 }
 
+#define FS_KPM_THREADS 256 /* sm90_kpm_prepare's block */
+
 /* The keys the tile of BC keys from key f + t BC drops, bit 2 n + c for column 8 n + 2 t4 + c; any: it keeps one. */
 template <int BC>
 FS_DEV uint32_t sm90_kpm_word(const fs_attn_params &p, const uint8_t *row, int f, int t, int tiles, int t4, bool &any)
@@ -724,15 +726,16 @@ FS_DEV uint32_t sm90_kpm_word(const fs_attn_params &p, const uint8_t *row, int f
 }
 
 /* Each batch's key padding mask as the attention kernel reads it (sm90_item, the producer, sm90_softmax), one block
- * of 256 threads per batch b, launched ahead of it. b's key tiles (BC keys) start at its first kept key f (Sk if
- * none), so that padding before it costs no tile, and those that keep a key form b's list, in order:
+ * of FS_KPM_THREADS threads per batch b, launched ahead of it. b's key tiles (BC keys) start at its first kept key f
+ * (Sk if none), so that padding before it costs no tile, and those that keep a key form b's list, in order:
  * count[b (tiles + 2)] = f, count[b (tiles + 2) + 1 + t] = the list's tiles before tile t (t = tiles: all of them);
  * list[(b tiles + i) 4 + t4] = {the keys of entry i's tile the mask drops, bit 2 n + c for column 8 n + 2 t4 + c
- * (lane t4 of a row's quad), the tile's first key}. A thread takes one (tile, t4) word of each chunk of 64 tiles. */
+ * (lane t4 of a row's quad), the tile's first key}. A thread takes one (tile, t4) word of each chunk of
+ * FS_KPM_THREADS / 4 tiles. */
 template <int BC>
 __global__ void sm90_kpm_prepare(const fs_attn_params p, int tiles, int *count, uint2 *list)
 {
-    __shared__ int warp_kept[8], base, first;
+    __shared__ int warp_kept[FS_KPM_THREADS / 32], base, first;
     const uint8_t *row = p.kpm + blockIdx.x * p.kpm_sb;
     int *cnt = count + blockIdx.x * (tiles + 2);
     uint2 *out = list + (int64_t)blockIdx.x * tiles * 4;
@@ -745,15 +748,15 @@ __global__ void sm90_kpm_prepare(const fs_attn_params p, int tiles, int *count, 
     /* the first chunk's word for f = 0 (key 0 kept: right padding, no padding), loaded while f is found */
     bool any0;
     const uint32_t word0 = sm90_kpm_word<BC>(p, row, 0, threadIdx.x / 4, tiles, t4, any0);
-    /* f: each thread's first kept key among keys j = threadIdx.x mod 256, eight loads in flight at a time */
-    for (int j0 = threadIdx.x; j0 < p.Sk; j0 += 8 * 256) {
+    /* f: each thread's first kept key among keys j = threadIdx.x mod FS_KPM_THREADS, eight loads in flight at a time */
+    for (int j0 = threadIdx.x; j0 < p.Sk; j0 += 8 * FS_KPM_THREADS) {
         bool keep[8];
 #pragma unroll
-        for (int u = 0; u < 8; u++) keep[u] = j0 + u * 256 < p.Sk && row[(int64_t)(j0 + u * 256) * p.kpm_sk];
+        for (int u = 0; u < 8; u++) keep[u] = j0 + u * FS_KPM_THREADS < p.Sk && row[(int64_t)(j0 + u * FS_KPM_THREADS) * p.kpm_sk];
         int f = p.Sk;
 #pragma unroll
         for (int u = 7; u >= 0; u--)
-            if (keep[u]) f = j0 + u * 256;
+            if (keep[u]) f = j0 + u * FS_KPM_THREADS;
         if (f < p.Sk) {
             atomicMin(&first, f);
             break;
@@ -761,7 +764,7 @@ __global__ void sm90_kpm_prepare(const fs_attn_params p, int tiles, int *count, 
     }
     __syncthreads();
     const int f = first;
-    for (int i0 = 0; i0 < tiles * 4; i0 += 256) {
+    for (int i0 = 0; i0 < tiles * 4; i0 += FS_KPM_THREADS) {
         const int t = (i0 + (int)threadIdx.x) / 4;
         bool any = any0;
         const uint32_t word = i0 == 0 && f == 0 ? word0 : sm90_kpm_word<BC>(p, row, f, t, tiles, t4, any);
@@ -778,7 +781,7 @@ __global__ void sm90_kpm_prepare(const fs_attn_params p, int tiles, int *count, 
             if (kept) out[pos * 4 + t4] = make_uint2(word, (unsigned)(f + t * BC));
         }
         __syncthreads(); /* every thread has read base */
-        if (threadIdx.x == 255) base = pos + kept;
+        if (threadIdx.x == FS_KPM_THREADS - 1) base = pos + kept;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -888,7 +891,7 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
         fs_attn_params pk = *p;
         void *kargs[] = {&pk, &a.kpm_tiles, &count, &list};
         err = fs_kernel_prepare((const void *)sm90_kpm_prepare<BC>, &prepare, 0, device);
-        if (err == cudaSuccess) err = fs_launch(&prepare, device, (unsigned)p->B, 256, 0, stream, kargs);
+        if (err == cudaSuccess) err = fs_launch(&prepare, device, (unsigned)p->B, FS_KPM_THREADS, 0, stream, kargs);
         a.kpm_count = count;
         a.kpm_list = list;
     }
