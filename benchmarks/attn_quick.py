@@ -6,7 +6,8 @@ straight-line fit time = rounds x (a + b Sk / 128): a is the cost per work item 
 first S and last P V alone, O store), b the cost per 128 keys (gemm_quick.py does the same for the GEMM).
     python benchmarks/attn_quick.py [--dtype bfloat16] [--head-dim 64] [--shape 1,16,16384,128[,causal]] [--kv-sweep]
 A shape's S may be Sq:Sk (1,1,100:1024,128); a shape cuDNN does not take prints '-' for it. --rotary times flashsci with
-rotary=True (cuDNN still plain, no diff), --sm80 the portable kernel on Hopper too."""
+rotary=True (cuDNN still plain, no diff), --sm80 the portable kernel on Hopper too. --kv-heads N gives K/V N heads
+(grouped-query attention; N = 1 keeps every batch's K/V in L2, which separates the kernel's memory stalls from the rest)."""
 import argparse
 
 import torch
@@ -36,6 +37,7 @@ def main():
     ap.add_argument("--kv-sweep", action="store_true", help="the per-item / per-key-tile split instead")
     ap.add_argument("--rotary", action="store_true", help="flashsci with rotary=True")
     ap.add_argument("--sm80", action="store_true", help="force the portable kernel")
+    ap.add_argument("--kv-heads", type=int, help="K/V heads (default: H)")
     args = ap.parse_args()
     if args.sm80:
         flashsci._flashsci._set_attention_kernel("sm80")
@@ -49,11 +51,14 @@ def main():
         if args.head_dim and d != args.head_dim:
             continue
         inputs = attention_input_sets(torch, b, h, sq, d, dtype, sk=sk)
+        gqa = bool(args.kv_heads) and args.kv_heads != h
+        if gqa:
+            inputs = [(q, k[:, :args.kv_heads].contiguous(), v[:, :args.kv_heads].contiguous()) for q, k, v in inputs]
         fs = lambda q, k, v: flashsci.attention(q, k, v, causal=causal, rotary=args.rotary)
         cudnn = _with_backend(sdpa_kernel, SDPBackend.CUDNN_ATTENTION,
-                              lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                              lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa))
         times = graph_kernel_times_us(torch, {"fs": fs, "cudnn": cudnn}, inputs, optional=("cudnn",))
-        name = f"{b}x{h}x{sq}{'' if sq == sk else f':{sk}'}x{d}" + (" causal" if causal else "")
+        name = f"{b}x{h}x{sq}{'' if sq == sk else f':{sk}'}x{d}" + (f" kv{args.kv_heads}" if gqa else "") + (" causal" if causal else "")
         tflops = 4 * b * h * sq * sk * d / (2 if causal else 1) / times["fs"] / 1e6
         if times["cudnn"] is None or args.rotary:
             cu = '-' if times["cudnn"] is None else f"{times['cudnn']:.1f}"

@@ -1,8 +1,10 @@
 /* Where a Hopper attention launch spends its time (fp16, bhsd, random inputs over 8 sets): the launch time by CUDA
  * events, then from one traced launch (kernel built with FS_SM90_TRACE, globaltimer stamps) the spread of block
  * starts, each block's first item, the duration of later items (full query tiles, and light ones whose tile has idle
- * warpgroups), when each block's last item ends and how many items each block took. Session 19 found ESM-C's
- * 7 us between the mean and the last block end with it (NOTES.md).
+ * warpgroups), when each block's last item ends and how many items each block took; then, in clock cycles per consumer
+ * warpgroup, the phases of the full items after a block's first (the hand-off, Q, K_0, S_0, the first softmax, the steps,
+ * the last P V, finish) and what an item takes beyond its steps. Session 19 found ESM-C's 7 us between the mean and the
+ * last block end with it, session 27 the item boundary's cost (NOTES.md).
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DFLASHSCI_SM90A -Ikernels -o /tmp/trace_sm90 \
  *        benchmarks/trace_sm90.cu kernels/workspace.cu kernels/rotary.cu -lcuda
  *   /tmp/trace_sm90 B H S D [causal]
@@ -31,7 +33,7 @@ __global__ void fill(__half *x, size_t n, unsigned seed)
 }
 
 typedef unsigned long long u64;
-static u64 trace[1024][FS_TRACE_ITEMS + 1][4];
+static u64 trace[1024][FS_TRACE_ITEMS + 1][2][FS_TR_FIELDS];
 
 int main(int argc, char **argv)
 {
@@ -49,7 +51,7 @@ int main(int argc, char **argv)
     }
     fs_attn_params p;
     memset(&p, 0, sizeof p);
-    p.B = B; p.H = H; p.Sq = S; p.Sk = S; p.D = D; p.scale = 1.0 / sqrt((double)D); p.causal = causal; p.dtype = FS_F16;
+    p.B = B; p.H = H; p.kv_group = 1; p.Sq = S; p.Sk = S; p.D = D; p.scale = 1.0 / sqrt((double)D); p.causal = causal; p.dtype = FS_F16;
     p.q_ss = p.k_ss = p.v_ss = p.o_ss = D; p.q_sh = p.k_sh = p.v_sh = p.o_sh = (int64_t)S * D;
     p.q_sb = p.k_sb = p.v_sb = p.o_sb = (int64_t)H * S * D;
     cudaStream_t st;
@@ -77,26 +79,53 @@ int main(int argc, char **argv)
     std::sort(ts.begin(), ts.end());
     printf("%dx%dx%dx%d causal %d: %.1f us per launch (events, back to back)\n", B, H, S, D, causal, ts[3]);
     for (int rep = 0; rep < 3; rep++) {
-        static u64 zero[1024][FS_TRACE_ITEMS + 1][4];
+        static u64 zero[1024][FS_TRACE_ITEMS + 1][2][FS_TR_FIELDS];
         CK(cudaMemcpyToSymbol(fs_sm90_trace, zero, sizeof zero));
         run(rep + 1);
         CK(cudaStreamSynchronize(st));
         CK(cudaMemcpyFromSymbol(trace, fs_sm90_trace, sizeof trace));
         u64 t0 = ~0ull, tend = 0;
-        int blocks = 0;
-        for (int b = 0; b < 1024 && trace[b][0][0]; b++, blocks++) { t0 = std::min(t0, trace[b][0][0]); tend = std::max(tend, trace[b][0][2]); }
+        int blocks = 0, nkv_max = 0;
+        for (int b = 0; b < 1024 && trace[b][0][0][0]; b++, blocks++) {
+            t0 = std::min(t0, trace[b][0][0][0]);
+            tend = std::max(tend, trace[b][0][0][2]);
+            for (int i = 1; i <= FS_TRACE_ITEMS && trace[b][i][0][FS_TR_END]; i++) nkv_max = std::max(nkv_max, (int)trace[b][i][0][FS_TR_NKV]);
+        }
         std::vector<double> start, first_item, last_end, dur_full, dur_light, dur_first;
         std::vector<int> count;
+        /* phases of the full items after a block's first (full key range), clock cycles, per consumer warpgroup */
+        const char *phase_name[] = {"hand-off (after last O)", "Q landed", "K_0 wait", "S_0 turn wait", "S_0 GEMM",
+                                    "softmax_0 + turn", "per middle step", "last P V", "finish (O out)", "item",
+                                    "item - n_kv steps"};
+        enum { NPH = 11 };
+        std::vector<double> ph[2][NPH], wg_lag;
         for (int b = 0; b < blocks; b++) {
-            start.push_back((trace[b][0][0] - t0) * 1e-3);
+            start.push_back((trace[b][0][0][0] - t0) * 1e-3);
             int c = 0;
             double prev_end = 0;
-            for (int i = 1; i <= FS_TRACE_ITEMS && trace[b][i][3]; i++, c++) {
-                const double s0 = (trace[b][i][0] - t0) * 1e-3, s1 = (trace[b][i][1] - t0) * 1e-3;
-                const int q0 = (int)(trace[b][i][2] & 0xffffffffu);
+            for (int i = 1; i <= FS_TRACE_ITEMS && trace[b][i][0][FS_TR_END]; i++, c++) {
+                const u64 *r = trace[b][i][0];
+                const double s0 = (r[FS_TR_READ] - t0) * 1e-3, s1 = (r[FS_TR_END] - t0) * 1e-3;
+                const int q0 = (int)(r[FS_TR_ID] & 0xffffffffu), nkv = (int)r[FS_TR_NKV];
                 if (i == 1) { first_item.push_back(s0); dur_first.push_back(s1 - s0); }
                 else (q0 + 64 * sm90_nwg(D) > S ? dur_light : dur_full).push_back(s1 - (prev_end > s0 ? prev_end : s0));
                 prev_end = s1;
+                if (i == 1 || nkv != nkv_max || nkv < 2 || q0 + 64 * sm90_nwg(D) > S) continue;
+                for (int w = 0; w < 2; w++) {
+                    const u64 *x = trace[b][i][w], *prev = trace[b][i - 1][w];
+                    if (!x[FS_TR_C_END] || !prev[FS_TR_C_END]) continue;
+                    const double step = (double)(x[FS_TR_C_LAST_TURN] - x[FS_TR_C_LOOP_TURN]) / (nkv - 1);
+                    const double v[NPH] = {(double)(x[FS_TR_C_READ] - prev[FS_TR_C_END]), (double)(x[FS_TR_C_QREGS] - x[FS_TR_C_READ]),
+                                           (double)(x[FS_TR_C_K0] - x[FS_TR_C_QREGS]), (double)(x[FS_TR_C_S0_TURN] - x[FS_TR_C_K0]),
+                                           (double)(x[FS_TR_C_S0_DONE] - x[FS_TR_C_S0_TURN]),
+                                           (double)(x[FS_TR_C_LOOP_TURN] - x[FS_TR_C_S0_DONE]), step,
+                                           (double)(x[FS_TR_C_LAST_DONE] - x[FS_TR_C_LAST_TURN]),
+                                           (double)(x[FS_TR_C_END] - x[FS_TR_C_LAST_DONE]), (double)(x[FS_TR_C_END] - prev[FS_TR_C_END]),
+                                           (double)(x[FS_TR_C_END] - prev[FS_TR_C_END]) - nkv * step};
+                    for (int k = 0; k < NPH; k++) ph[w][k].push_back(v[k]);
+                }
+                if (trace[b][i][1][FS_TR_C_END])
+                    wg_lag.push_back((double)(trace[b][i][1][FS_TR_C_S0_TURN] - trace[b][i][0][FS_TR_C_S0_TURN]));
             }
             count.push_back(c);
             last_end.push_back(prev_end);
@@ -105,7 +134,7 @@ int main(int argc, char **argv)
             if (x.empty()) return;
             std::sort(x.begin(), x.end());
             double m = 0; for (double y : x) m += y;
-            printf("  %-22s n %4zu  min %7.2f  p10 %7.2f  med %7.2f  p90 %7.2f  max %7.2f  mean %7.2f\n", name, x.size(), x[0],
+            printf("  %-24s n %4zu  min %7.2f  p10 %7.2f  med %7.2f  p90 %7.2f  max %7.2f  mean %7.2f\n", name, x.size(), x[0],
                    x[x.size() / 10], x[x.size() / 2], x[x.size() * 9 / 10], x.back(), m / x.size());
         };
         printf("launch %d: %d blocks, span %.2f us (first block start to last block end)\n", rep, blocks, (tend - t0) * 1e-3);
@@ -117,6 +146,18 @@ int main(int argc, char **argv)
         stat("last item end", last_end);
         std::vector<double> cnt(count.begin(), count.end());
         stat("items per block", cnt);
+        if (rep == 0) {
+            printf("  phases of full items after the first (%d key tiles), clock cycles, consumer warpgroup 0 | 1:\n", nkv_max);
+            for (int k = 0; k < NPH; k++) {
+                if (ph[0][k].empty()) break;
+                std::vector<double> x0 = ph[0][k], x1 = ph[1][k];
+                std::sort(x0.begin(), x0.end());
+                std::sort(x1.begin(), x1.end());
+                printf("  %-24s med %7.0f  p90 %7.0f | med %7.0f  p90 %7.0f\n", phase_name[k], x0[x0.size() / 2],
+                       x0[x0.size() * 9 / 10], x1.empty() ? 0. : x1[x1.size() / 2], x1.empty() ? 0. : x1[x1.size() * 9 / 10]);
+            }
+            stat("wg 1 S_0 turn - wg 0's", wg_lag);
+        }
     }
     return 0;
 }

@@ -23,7 +23,7 @@
  * WARPGROUP.DEPBAR.LE 0 in the SASS): that overlap does not happen in this version (benchmarks/NOTES.md).
  * Tiles are 64-column halves of 128-byte rows with the 128-byte swizzle, as TMA writes them and as the
  * wgmma descriptors name them; TMA zero-fills rows past the sequence ends. O leaves the same way: written
- * into a swizzled staging tile, stored by TMA (which drops rows past Sq) while the next item starts.
+ * into a swizzled staging tile by stmatrix, stored by TMA (which drops rows past Sq) once the next item's S_0 is issued.
  *
  * Scope: D = 64 and 128; of the protein options packed variable length, seqlens, key padding masks and the T5 bias
  * (FEAT instantiations: per-sequence offsets and lengths, the T5 table of the item's head in shared memory, expanded
@@ -136,6 +136,12 @@
  *       tiles are skipped wherever they lie (before: only those after the last kept key). H100 fp16, UniProt batches of
  *       ESM2-3B heads padded on the left, random order (benchmarks/kpm_quick.py, two rounds): 220-860 -> 143-283 us with
  *       the list on tiles from key 0, then up to 15% less counted from the first kept key (3-8% above right padding)
+ *   v6.12 the item boundary shortened (benchmarks/trace_sm90.cu, now with clock stamps of an item's phases, found 2950
+ *       cycles of a D = 128 item beyond its steps, half of them in finish): 1 / l while the last P V runs, on the FMA pipe
+ *       (rcp.approx queued behind the other warpgroup's exponentials), O into the staging tile by stmatrix, its TMA store
+ *       issued after the next S_0 (no warpgroup barrier between the last P V and S_0), Q into registers by ldmatrix.
+ *       H100 fp16, traced, cycles beyond an item's steps 2961 -> 1947 at 32x16x512x128 (item 14051 -> 13086), launch
+ *       144.1 -> 137.7 us; 32x32x512x64 launch 168.9 -> 165.9 us; 16x16x1024x128 238.3 -> 232.9 us
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -148,17 +154,38 @@
 #include "tma.cuh"
 #include "workspace.h"
 
-#ifdef FS_SM90_TRACE /* benchmarks/trace_sm90.cu only: globaltimer stamps (ns) per block. [block][0]: its start (thread
- * 0), the hand-off of the end marker and its end (consumer thread 128); [block][1 + i]: item i's hand-off and end (its O
- * store issued) as consumer thread 128 sees them, (b H + h) << 32 | q0, 1. The first FS_TRACE_ITEMS items of a block. */
+#ifdef FS_SM90_TRACE /* benchmarks/trace_sm90.cu only: per block, [block][0][0]: its start (thread 0), the hand-off of
+ * the end marker and its end (consumer thread 128), globaltimer ns; [block][1 + i][cw]: item i as the first thread of
+ * consumer warpgroup cw (0, 1) sees it, the FS_TR_ fields: hand-off and end (its O store issued) in globaltimer ns, its
+ * (b H + h) << 32 | q0 and n_kv, then clock64 stamps of its phases. The first FS_TRACE_ITEMS items of a block. */
 #define FS_TRACE_ITEMS 64
-__device__ unsigned long long fs_sm90_trace[1024][FS_TRACE_ITEMS + 1][4];
+enum {
+    FS_TR_READ, FS_TR_END, FS_TR_ID, FS_TR_NKV,
+    FS_TR_C_READ,      /* the item read from its slot */
+    FS_TR_C_QREGS,     /* Q landed (D = 128: in registers) */
+    FS_TR_C_K0,        /* K_0 landed */
+    FS_TR_C_S0_TURN,   /* the issue turn for S_0 */
+    FS_TR_C_S0_DONE,   /* S_0 landed */
+    FS_TR_C_LOOP_TURN, /* the issue turn for S_1 and P_0 V_0 */
+    FS_TR_C_LAST_TURN, /* the issue turn for the last P V */
+    FS_TR_C_LAST_DONE, /* the last P V landed */
+    FS_TR_C_END,       /* O stored (finish) */
+    FS_TR_FIELDS
+};
+__device__ unsigned long long fs_sm90_trace[1024][FS_TRACE_ITEMS + 1][2][FS_TR_FIELDS];
 FS_DEV unsigned long long trace_now()
 {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+#define FS_TRACE_CLOCK(f)                                                                                              \
+    do {                                                                                                               \
+        if ((threadIdx.x & 127) == 0 && cw < 2 && trace_n < FS_TRACE_ITEMS)                                            \
+            fs_sm90_trace[blockIdx.x][1 + trace_n][cw][f] = clock64();                                                 \
+    } while (0)
+#else
+#define FS_TRACE_CLOCK(f) do {} while (0)
 #endif
 
 /* ---- tile configuration, one place: per (D, Bc, consumer warpgroups NWG; Br = 64 NWG) the K/V ring stages and
@@ -178,13 +205,13 @@ template <> struct fs_sm90_tile<128, 128, 2> { enum { STAGES = 2, REGS = 240 }; 
 #define FS_SM90_WORK_BYTES 64 /* the work item the producer hands to the consumers (sm90_work) */
 
 /* shared memory: Q tile, K ring, V ring, an O staging tile per consumer warpgroup (1024-byte aligned), with the
- * protein options (FEAT) two T5 tables (for the items of alternate Q tile loads), the mbarriers, the current work item;
- * plus 1 KiB alignment slack */
+ * protein options (FEAT) two T5 tables (for the items of alternate Q tile loads), the mbarriers, the current work item,
+ * the coordinates of each staging tile's store; plus 1 KiB alignment slack */
 template <int D, int BC, int NWG, bool FEAT> constexpr int sm90_smem()
 {
     using t = fs_sm90_tile<D, BC, NWG>;
     return (2 * 64 * NWG + 2 * t::STAGES * BC) * D * 2 + (FEAT ? 2 * 4 * FS_SM90_T5_STRIDE : 0) + (4 + 4 * t::STAGES) * 8 +
-           FS_SM90_WORK_BYTES + 1024;
+           FS_SM90_WORK_BYTES + NWG * 16 + 1024;
 }
 
 typedef struct {
@@ -324,6 +351,18 @@ FS_DEV void sm90_softmax(float (&s)[NS * 4], const fs_attn_params &p, int k0, in
     }
 }
 
+/* 1 / x for a positive normal x on the FMA pipe: a bit-pattern estimate (relative error at most 5.1%) and three Newton
+ * steps (at most 9e-8). An item's last row sums are inverted while its last P V runs, when the other warpgroup's
+ * exponentials fill the special-function unit: there rcp.approx took the P V's latency and 360 cycles more
+ * (benchmarks/trace_sm90.cu). */
+FS_DEV float rcp_newton(float x)
+{
+    float y = __int_as_float(0x7ef311c3 - __float_as_int(x));
+#pragma unroll
+    for (int i = 0; i < 3; i++) y = fmaf(y, fmaf(-x, y, 1.f), y);
+    return y;
+}
+
 /* Named barriers 1..NWG order the consumer warpgroups' GEMM issues (ping-pong, FlashAttention-3): warpgroup w
  * issues after warpgroup w - 1 has, so one warpgroup's softmax runs while the next one's GEMMs hold the
  * tensor cores. bar.sync waits for the 128 arrivals of the previous warpgroup besides its own 128. */
@@ -371,11 +410,13 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
      * arrives on item_read once it has read it (an arrive orders the arriving thread's own accesses only) */
     uint64_t *item_full = v_empty + STAGES, *item_read = item_full + 1;
     sm90_work *s_work = reinterpret_cast<sm90_work *>(item_read + 1);
+    int4 *s_ostore = reinterpret_cast<int4 *>(reinterpret_cast<unsigned char *>(s_work) + FS_SM90_WORK_BYTES); /* per
+                                               * consumer warpgroup: its staging tile's store coordinates (row, h, b) */
     const fs_attn_params &p = a.p;
     const int wg = threadIdx.x >> 7;
 #ifdef FS_SM90_TRACE
     int trace_n = 0;
-    if (threadIdx.x == 0) fs_sm90_trace[blockIdx.x][0][0] = trace_now();
+    if (threadIdx.x == 0) fs_sm90_trace[blockIdx.x][0][0][0] = trace_now();
 #endif
     if (threadIdx.x == 0) {
         mbar_init(q_full, 1);
@@ -461,17 +502,13 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
          * that S = Q K^T reads only K from shared memory */
         constexpr bool Q_REGS = D == 128 && !FEAT;
         uint32_t qf[Q_REGS ? D / 16 : 1][4];
-        /* the fragments from the landed Q tile: 32-bit word (row, col pair) of 64-column half col / 64, 16-byte
-         * chunk (col % 64) / 8 at chunk ^ (row % 8), and row % 8 = g */
+        /* the fragments from the landed Q tile, one ldmatrix.x4 per k-step: matrix i = lane / 8 holds rows 8 (i & 1) ..
+         * + 7 of the warp's 16 and 16-byte chunk 2 (kk % 4) + i / 2 of 64-column half kk / 4, at chunk ^ (row % 8) */
         auto load_q = [&]() {
+            const uint32_t row = warp * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), hi = lane >> 4;
 #pragma unroll
             for (int kk = 0; kk < (Q_REGS ? D / 16 : 0); kk++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const uint32_t row = warp * 16 + g + 8 * (i & 1), chunk = 2 * (kk & 3) + (i >> 1);
-                    qf[kk][i] = *reinterpret_cast<const uint32_t *>(reinterpret_cast<const unsigned char *>(sQ) + cw * 64 * 128 +
-                                                                       (kk >> 2) * BR * 128 + row * 128 + ((chunk ^ g) << 4) + 4 * t4);
-                }
+                ldmatrix_x4(q_addr + (kk >> 2) * BR * 128 + row * 128 + (((2 * (kk & 3) + hi) ^ (lane & 7)) << 4), qf[kk]);
         };
         /* S = Q_i K^T on stage s (landed): D/16 k-steps, each 32 bytes further along a 128-byte row (next half at kk = 4) */
         auto issue_s = [&](float (&sc)[NS * 4]) {
@@ -495,11 +532,11 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             }
             wgmma_commit();
         };
-        auto finish = [&](const sm90_work &w, int row0, const float (&o)[NO * 4], const float (&m_i)[2], const float (&l_i)[2]) {
-            /* O_i / l_i (l summed over the four lanes of a row), lse = (m_i + log2 l_i) ln 2; FEAT: rows past a
-             * padded sequence's length are zeros with lse -inf, those past a packed one's are not written */
+        /* 1 / l_i per row (l summed over the four lanes of a row) and lse = (m_i + log2 l_i) ln 2, once the last
+         * softmax is done (the main loop: while the last P V runs); FEAT: rows past a padded sequence's length get
+         * 1 / l = 0 (zeros) and lse -inf, those past a packed one's no lse */
+        auto row_scale = [&](const sm90_work &w, int row0, const float (&m_i)[2], const float (&l_i)[2], float (&inv)[2]) {
             const bool packed = FEAT && p.cu_seqlens_q;
-            float inv[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 float l = l_i[r];
@@ -507,33 +544,53 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 l += __shfl_xor_sync(0xffffffff, l, 2);
                 const int row = row0 + 8 * r;
                 if (FEAT && row >= w.seq.q_len) l = 0.f;
-                inv[r] = l > 0.f ? 1.f / l : 0.f;
+                inv[r] = l > 0.f ? rcp_newton(l) : 0.f; /* l >= 1 where a key counts: its row max weighs 1 */
                 if (p.lse && t4 == 0 && row < (packed ? w.seq.q_len : p.Sq))
                     static_cast<float *>(p.lse)[w.b * p.lse_sb + w.h * p.lse_sh + w.seq.qo + row] =
                         l > 0.f ? (m_i[r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
             }
+        };
+        /* O leaves through the warpgroup's staging tile (64 rows, boxes of 64 columns, 128-byte swizzle: 16-byte chunk k
+         * of row r at k ^ (r % 8), and r % 8 = g), stored by TMA, which drops rows past Sq (H200: 8-19% of the time at
+         * D = 128, S = 1024 went to the direct 4-byte stores this replaced). The warpgroup's first thread issues the store
+         * after the next barrier that every thread of the warpgroup passes (o_pending; store_o): on the main path the
+         * next item's S_0 issue turn, so that no warpgroup barrier and no store issue lie between an item's last P V and
+         * the next item's S_0 (benchmarks/trace_sm90.cu: about 330 of the 2700 cycles an item boundary took). On the
+         * main path the tile is free by the time O is written: the first thread waits for the last store to have read
+         * it ahead of the last P V's issue turn (in_turn); elsewhere finish waits itself. */
+        bool o_pending = false;
+        auto store_o = [&]() {
+            if (o_pending && (threadIdx.x & 127) == 0) {
+                const int4 c = s_ostore[cw];
+                for (int h = 0; h < HALVES; h++) tma_store_4d(&map_o, sO + cw * 64 * D + h * 64 * 64, h * 64, c.x, c.y, c.z);
+                bulk_commit();
+            }
+            o_pending = false;
+        };
+        /* O_i / l_i out (inv: row_scale); FEAT: rows past a packed sequence's length are not written */
+        auto finish = [&](const sm90_work &w, int row0, const float (&o)[NO * 4], const float (&inv)[2], bool in_turn) {
+            const bool packed = FEAT && p.cu_seqlens_q;
             if (!packed || __reduce_max_sync(0xffffffffu, (unsigned)(w.q0 + cw * 64 + 64 <= w.seq.q_len))) {
-                /* O leaves through the warpgroup's staging tile (64 rows, boxes of 64 columns, 128-byte swizzle:
-                 * 16-byte chunk k of row r at k ^ (r % 8), and r % 8 = g): once its previous TMA store has read it,
-                 * fill it, make the writes visible to the async proxy, and one thread stores it; TMA drops rows past
-                 * Sq (H200: 8-19% of the time at D = 128, S = 1024 went to the direct 4-byte stores this replaced) */
                 unsigned char *tile = reinterpret_cast<unsigned char *>(sO + cw * 64 * D);
-                const bool leader = (threadIdx.x & 127) == 0;
-                if (leader) bulk_wait_read();
-                warpgroup_sync<NWG>(cw);
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-#pragma unroll
-                    for (int n = 0; n < NO; n++)
-                        *reinterpret_cast<uint32_t *>(tile + (n / 8) * 8192 + (warp * 16 + g + 8 * r) * 128 + (((n % 8) ^ g) << 4) + 4 * t4) =
-                            pack2<T>(o[4 * n + 2 * r] * inv[r], o[4 * n + 2 * r + 1] * inv[r]);
-                fence_proxy_async();
-                warpgroup_sync<NWG>(cw);
-                if (leader) {
-                    for (int c = 0; c < HALVES; c++)
-                        tma_store_4d(&map_o, tile + c * 8192, c * 64, (int)w.seq.qo + w.q0 + cw * 64, w.h, w.tb);
-                    bulk_commit();
+                if (!in_turn) {
+                    if (o_pending) {
+                        warpgroup_sync<NWG>(cw);
+                        store_o();
+                    }
+                    if ((threadIdx.x & 127) == 0) bulk_wait_read();
+                    warpgroup_sync<NWG>(cw);
                 }
+                /* column groups n, n + 1 by one stmatrix: matrix i = lane / 8 holds rows 8 (i & 1) .. + 7 of the warp's 16
+                 * and 16-byte chunk n % 8 + i / 2 of 64-column half n / 8 */
+                const uint32_t row_addr = smem_addr(tile) + (warp * 16 + 8 * ((lane >> 3) & 1) + (lane & 7)) * 128;
+#pragma unroll
+                for (int n = 0; n < NO; n += 2)
+                    stmatrix_x4(row_addr + (n / 8) * 8192 + (((n % 8 + (lane >> 4)) ^ (lane & 7)) << 4),
+                                pack2<T>(o[4 * n] * inv[0], o[4 * n + 1] * inv[0]), pack2<T>(o[4 * n + 2] * inv[1], o[4 * n + 3] * inv[1]),
+                                pack2<T>(o[4 * n + 4] * inv[0], o[4 * n + 5] * inv[0]), pack2<T>(o[4 * n + 6] * inv[1], o[4 * n + 7] * inv[1]));
+                fence_proxy_async();
+                if ((threadIdx.x & 127) == 0) s_ostore[cw] = make_int4((int)w.seq.qo + w.q0 + cw * 64, w.h, w.tb, 0);
+                o_pending = true;
             } else { /* the last rows of a packed sequence: a TMA box would run into the next one's */
                 T *gO = static_cast<T *>(p.o) + w.h * p.o_sh + w.seq.qo * p.o_ss;
 #pragma unroll
@@ -559,6 +616,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 if (j > 0) mbar_wait(&v_full[sv], phase_v);
                 if (j < n_kv) mbar_wait(&k_full[s], phase);
                 issue_turn_wait(cw);
+                if (j == 0) store_o();
                 issue_turn_pass<NWG>(cw);
                 if (lane == 0) {
                     if (j < n_kv) mbar_arrive(&k_empty[s]);
@@ -584,20 +642,26 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             const int n_kv = __reduce_max_sync(0xffffffffu, w.n_kv), k_len = w.seq.k_len;
 #ifdef FS_SM90_TRACE
             const unsigned long long trace_t0 = trace_now();
-            if (n_kv < 0 && threadIdx.x == 128) fs_sm90_trace[blockIdx.x][0][1] = trace_t0;
+            FS_TRACE_CLOCK(FS_TR_C_READ);
+            if (n_kv < 0 && threadIdx.x == 128) fs_sm90_trace[blockIdx.x][0][0][1] = trace_t0;
 #endif
             if (n_kv < 0) break;
             const int row0 = w.q0 + cw * 64 + warp * 16 + g; /* this thread's rows in its sequence: row0, row0 + 8 */
             float o[NO * 4], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f}, alpha[2];
 #pragma unroll
             for (int i = 0; i < NO * 4; i++) o[i] = 0.f;
+            float inv[2];
             if (FEAT && n_kv == 0) {
-                finish(w, row0, o, m_i, l_i);
+                row_scale(w, row0, m_i, l_i, inv);
+                finish(w, row0, o, inv, false);
                 continue;
             }
             if (__reduce_max_sync(0xffffffffu, (unsigned)(w.q0 + cw * 64 >= w.seq.q_len))) {
                 idle_item(n_kv);
-                if (FEAT) finish(w, row0, o, m_i, l_i); /* zeros for a padded sequence's rows */
+                if (FEAT) { /* zeros for a padded sequence's rows */
+                    row_scale(w, row0, m_i, l_i, inv);
+                    finish(w, row0, o, inv, false);
+                }
                 continue;
             }
             /* this head's T5 bias by relative position, log2 units, end entries repeated; it lands with Q (built here
@@ -612,17 +676,22 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                     __syncwarp();
                     if (lane == 0) mbar_arrive(q_empty);
                 }
+                FS_TRACE_CLOCK(FS_TR_C_QREGS);
 
                 /* tile 0: S_0, its softmax (O is still zero) */
                 {
                     float sc[NS * 4];
                     const uint2 kt = KPM ? __ldg(a.kpm_list + (w.b * a.kpm_tiles) * 4 + t4) : make_uint2(0, 0);
                     mbar_wait(&k_full[s], phase);
+                    FS_TRACE_CLOCK(FS_TR_C_K0);
                     issue_turn_wait(cw);
+                    FS_TRACE_CLOCK(FS_TR_C_S0_TURN);
                     wgmma_fence();
                     issue_s(sc);
                     issue_turn_pass<NWG>(cw);
+                    store_o(); /* the last item's O, under S_0 */
                     wgmma_wait<0>();
+                    FS_TRACE_CLOCK(FS_TR_C_S0_DONE);
                     if (lane == 0) {
                         mbar_arrive(&k_empty[s]);
                         if (!Q_REGS && n_kv == 1) mbar_arrive(q_empty); /* the item's last Q K^T is done: Q may be refilled */
@@ -641,6 +710,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                     mbar_wait(&v_full[sv], phase_v); /* loaded before K_j */
                     mbar_wait(&k_full[s], phase);
                     issue_turn_wait(cw);
+                    if (j == 1) FS_TRACE_CLOCK(FS_TR_C_LOOP_TURN);
                     wgmma_fence();
                     issue_s(sc);
                     issue_pv(o, pk, sv);
@@ -667,28 +737,38 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                     if (++s == STAGES) { s = 0; phase ^= 1; }
                 }
                 mbar_wait(&v_full[sv], phase_v);
+                if ((threadIdx.x & 127) == 0) bulk_wait_read(); /* the staging tile free for finish: see store_o */
                 issue_turn_wait(cw);
+                FS_TRACE_CLOCK(FS_TR_C_LAST_TURN);
                 wgmma_fence();
                 issue_pv(o, pk, sv);
                 issue_turn_pass<NWG>(cw);
+                row_scale(w, row0, m_i, l_i, inv);
                 wgmma_wait<0>();
+                FS_TRACE_CLOCK(FS_TR_C_LAST_DONE);
                 if (lane == 0) mbar_arrive(&v_empty[sv]);
             }
 
-            finish(w, row0, o, m_i, l_i);
+            finish(w, row0, o, inv, true);
 #ifdef FS_SM90_TRACE
-            if (threadIdx.x == 128 && trace_n < FS_TRACE_ITEMS) {
-                unsigned long long *r = fs_sm90_trace[blockIdx.x][1 + trace_n++];
-                r[0] = trace_t0;
-                r[1] = trace_now();
-                r[2] = (unsigned long long)(w.b * p.H + w.h) << 32 | (unsigned)w.q0;
-                r[3] = 1;
+            FS_TRACE_CLOCK(FS_TR_C_END);
+            if ((threadIdx.x & 127) == 0 && cw < 2 && trace_n < FS_TRACE_ITEMS) {
+                unsigned long long *r = fs_sm90_trace[blockIdx.x][1 + trace_n][cw];
+                r[FS_TR_READ] = trace_t0;
+                r[FS_TR_END] = trace_now();
+                r[FS_TR_ID] = (unsigned long long)(w.b * p.H + w.h) << 32 | (unsigned)w.q0;
+                r[FS_TR_NKV] = n_kv;
             }
+            trace_n++;
 #endif
+        }
+        if (o_pending) { /* the last item's O */
+            warpgroup_sync<NWG>(cw);
+            store_o();
         }
         if ((threadIdx.x & 127) == 0) bulk_wait(); /* the last stores done before the block exits */
 #ifdef FS_SM90_TRACE
-        if (threadIdx.x == 128) fs_sm90_trace[blockIdx.x][0][2] = trace_now();
+        if (threadIdx.x == 128) fs_sm90_trace[blockIdx.x][0][0][2] = trace_now();
 #endif
     }
 #endif
