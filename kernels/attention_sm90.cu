@@ -567,16 +567,20 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             }
             o_pending = false;
         };
+        /* the same where no barrier of the warpgroup came since the tile was written: one of its own first */
+        auto store_o_synced = [&]() {
+            if (o_pending) {
+                warpgroup_sync<NWG>(cw);
+                store_o();
+            }
+        };
         /* O_i / l_i out (inv: row_scale); FEAT: rows past a packed sequence's length are not written */
         auto finish = [&](const sm90_work &w, int row0, const float (&o)[NO * 4], const float (&inv)[2], bool in_turn) {
             const bool packed = FEAT && p.cu_seqlens_q;
             if (!packed || __reduce_max_sync(0xffffffffu, (unsigned)(w.q0 + cw * 64 + 64 <= w.seq.q_len))) {
                 unsigned char *tile = reinterpret_cast<unsigned char *>(sO + cw * 64 * D);
                 if (!in_turn) {
-                    if (o_pending) {
-                        warpgroup_sync<NWG>(cw);
-                        store_o();
-                    }
+                    store_o_synced();
                     if ((threadIdx.x & 127) == 0) bulk_wait_read();
                     warpgroup_sync<NWG>(cw);
                 }
@@ -762,10 +766,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             trace_n++;
 #endif
         }
-        if (o_pending) { /* the last item's O */
-            warpgroup_sync<NWG>(cw);
-            store_o();
-        }
+        store_o_synced(); /* the last item's O */
         if ((threadIdx.x & 127) == 0) bulk_wait(); /* the last stores done before the block exits */
 #ifdef FS_SM90_TRACE
         if (threadIdx.x == 128) fs_sm90_trace[blockIdx.x][0][0][2] = trace_now();
