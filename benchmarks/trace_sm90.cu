@@ -99,6 +99,7 @@ int main(int argc, char **argv)
                                     "item - n_kv steps"};
         enum { NPH = 11 };
         std::vector<double> ph[2][NPH], wg_lag;
+        auto cyc = [](u64 later, u64 earlier) { return (double)(long long)(later - earlier); }; /* signed: may be < 0 */
         for (int b = 0; b < blocks; b++) {
             start.push_back((trace[b][0][0][0] - t0) * 1e-3);
             int c = 0;
@@ -114,18 +115,17 @@ int main(int argc, char **argv)
                 for (int w = 0; w < 2; w++) {
                     const u64 *x = trace[b][i][w], *prev = trace[b][i - 1][w];
                     if (!x[FS_TR_C_END] || !prev[FS_TR_C_END]) continue;
-                    const double step = (double)(x[FS_TR_C_LAST_TURN] - x[FS_TR_C_LOOP_TURN]) / (nkv - 1);
-                    const double v[NPH] = {(double)(x[FS_TR_C_READ] - prev[FS_TR_C_END]), (double)(x[FS_TR_C_QREGS] - x[FS_TR_C_READ]),
-                                           (double)(x[FS_TR_C_K0] - x[FS_TR_C_QREGS]), (double)(x[FS_TR_C_S0_TURN] - x[FS_TR_C_K0]),
-                                           (double)(x[FS_TR_C_S0_DONE] - x[FS_TR_C_S0_TURN]),
-                                           (double)(x[FS_TR_C_LOOP_TURN] - x[FS_TR_C_S0_DONE]), step,
-                                           (double)(x[FS_TR_C_LAST_DONE] - x[FS_TR_C_LAST_TURN]),
-                                           (double)(x[FS_TR_C_END] - x[FS_TR_C_LAST_DONE]), (double)(x[FS_TR_C_END] - prev[FS_TR_C_END]),
-                                           (double)(x[FS_TR_C_END] - prev[FS_TR_C_END]) - nkv * step};
+                    const double step = cyc(x[FS_TR_C_LAST_TURN], x[FS_TR_C_LOOP_TURN]) / (nkv - 1),
+                                 item = cyc(x[FS_TR_C_END], prev[FS_TR_C_END]);
+                    const double v[NPH] = {cyc(x[FS_TR_C_READ], prev[FS_TR_C_END]), cyc(x[FS_TR_C_QREGS], x[FS_TR_C_READ]),
+                                           cyc(x[FS_TR_C_K0], x[FS_TR_C_QREGS]), cyc(x[FS_TR_C_S0_TURN], x[FS_TR_C_K0]),
+                                           cyc(x[FS_TR_C_S0_DONE], x[FS_TR_C_S0_TURN]), cyc(x[FS_TR_C_LOOP_TURN], x[FS_TR_C_S0_DONE]),
+                                           step, cyc(x[FS_TR_C_LAST_DONE], x[FS_TR_C_LAST_TURN]),
+                                           cyc(x[FS_TR_C_END], x[FS_TR_C_LAST_DONE]), item, item - nkv * step};
                     for (int k = 0; k < NPH; k++) ph[w][k].push_back(v[k]);
                 }
                 if (trace[b][i][1][FS_TR_C_END])
-                    wg_lag.push_back((double)(trace[b][i][1][FS_TR_C_S0_TURN] - trace[b][i][0][FS_TR_C_S0_TURN]));
+                    wg_lag.push_back(cyc(trace[b][i][1][FS_TR_C_S0_TURN], trace[b][i][0][FS_TR_C_S0_TURN]));
             }
             count.push_back(c);
             last_end.push_back(prev_end);
