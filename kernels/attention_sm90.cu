@@ -142,6 +142,12 @@
  *       issued after the next S_0 (no warpgroup barrier between the last P V and S_0), Q into registers by ldmatrix.
  *       H100 fp16, traced, cycles beyond an item's steps 2961 -> 1947 at 32x16x512x128 (item 14051 -> 13086), launch
  *       144.1 -> 137.7 us; 32x32x512x64 launch 168.9 -> 165.9 us; 16x16x1024x128 238.3 -> 232.9 us
+ *   v6.13 plain D = 128 items taken by stride: the producer hands over the next item and loads its Q a whole item ahead
+ *       (Q sits in registers), not after the current item's last V load. H100 fp16, traced at 32x16x512x128: Q's wait
+ *       p90 1140 -> 510 cycles, item 13129 -> 12935, launch 136.7 -> 133.8 us; graph replay, three A/Bs of two rounds:
+ *       32x16x512x128 -1.5 to -6%, ProtT5-XL -0.4 to -5%, S = 8192 +0.3 to +1.3%. Claimed items (causal) keep the
+ *       late hand-over, yet 4x16x4096x128 causal measured 488, 493 -> 500, 501 us (likely the consumers' registers,
+ *       allocated anew around the producer's new loop)
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -396,6 +402,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                   "setmaxnreg: the warpgroups' registers fit the block's allocation");
     constexpr int STAGES = tile::STAGES;
     constexpr int BR = 64 * NWG, NS = BC / 8, NO = D / 8, HALVES = D / 64, ARRIVALS = 4 * NWG;
+    /* D = 128: the consumers hold Q_i in registers for the item (S = Q K^T then reads only K from shared memory) */
+    constexpr bool Q_REGS = D == 128 && !FEAT;
     extern __shared__ unsigned char smem_raw[];
     /* TMA's 128-byte swizzle and the wgmma descriptors address 1024-byte atoms: align the base (through redux.sync,
      * a uniform register: otherwise ptxas keeps it in an ordinary one and moves it over (R2UR) in the main loop) */
@@ -446,25 +454,29 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 for (int c = 0; c < HALVES; c++) tma_load_4d(tile + c * rows * 64, map, c * 64, row0, h, b, full);
             };
             /* the block's first item is blockIdx.x, the next ones the following by stride or (claims) the next
-             * unclaimed ones, each claimed once the last one's loads are issued: causal items come heaviest first,
-             * so claiming on demand is longest-first list scheduling (static stride: up to 6% above the mean load) */
-            for (int t = blockIdx.x;; t = a.claims ? (int)gridDim.x + atomicAdd(a.claims, 1) : t + (int)gridDim.x) {
-                sm90_work w = sm90_work{};
-                w.n_kv = -1;
-                if (t < a.items) {
-                    w = sm90_item<FEAT, KPM>(a, t, BR, BC);
-                    if (FEAT && w.skip) continue; /* past its packed sequence: not handed over */
+             * unclaimed ones: causal items come heaviest first, so claiming on demand is longest-first list scheduling
+             * (static stride: up to 6% above the mean load) */
+            auto next = [&](int t) { return a.claims ? (int)gridDim.x + atomicAdd(a.claims, 1) : t + (int)gridDim.x; };
+            /* item t, or the first one from t on that is not past its packed sequence (n_kv = -1: past the last) */
+            auto claim = [&](int &t) {
+                for (;; t = next(t)) {
+                    sm90_work w = sm90_work{};
+                    w.n_kv = -1;
+                    if (t < a.items) {
+                        w = sm90_item<FEAT, KPM>(a, t, BR, BC);
+                        if (FEAT && w.skip) continue;
+                    }
+                    return w;
                 }
-                /* into the slot once the consumers have read the last item; n_kv = -1: the end */
+            };
+            /* w into the slot once the consumers have read the last item, then its Q once the consumers are done with
+             * the last item's (its last Q K^T; at D = 128 once it is in their registers) */
+            auto hand_over = [&](const sm90_work &w) {
                 mbar_wait(item_read, item_phase ^ 1);
                 *s_work = w;
                 mbar_arrive(item_full);
                 item_phase ^= 1;
-                if (w.n_kv < 0) break;
-                if (w.n_kv == 0) continue; /* no key to read (O = 0): nothing to load */
-                /* Q once the consumers are done with the last item's (its last Q K^T; at D = 128 once it is in
-                 * their registers), then K and V */
-                const int qrow = (int)w.seq.qo + w.q0, krow = (int)w.seq.ko, hkv = w.h / p.kv_group;
+                if (w.n_kv <= 0) return; /* the end, or no key to read (O = 0): nothing to load */
                 if (FEAT && p.t5_table) { /* the head's T5 table lands with Q: the consumers were done with the one in
                                            * its slot, two Q tiles back, when they released the last Q tile; its bytes
                                            * are added before the Q load's arrival can complete the phase */
@@ -472,13 +484,50 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                     mbar_add_tx(q_full, a.t5_row * 4);
                     bulk_load(s_t5 + q_phase * FS_SM90_T5_STRIDE, a.t5_rows + (int64_t)w.h * a.t5_row, a.t5_row * 4, q_full);
                 }
-                load(sQ, &map_q, BR, qrow, w.tb, w.h, q_full, q_empty, q_phase ^ 1);
+                load(sQ, &map_q, BR, (int)w.seq.qo + w.q0, w.tb, w.h, q_full, q_empty, q_phase ^ 1);
                 q_phase ^= 1;
-                for (int j = 0; j < w.n_kv; j++) {
-                    const int k0 = krow + (KPM ? (int)a.kpm_list[(w.b * a.kpm_tiles + j) * 4].y : j * BC);
-                    load(sK + s * BC * D, &map_k, BC, k0, w.tb, hkv, &k_full[s], &k_empty[s], phase ^ 1);
-                    load(sV + s * BC * D, &map_v, BC, k0, w.tb, hkv, &v_full[s], &v_empty[s], phase ^ 1);
-                    if (++s == STAGES) { s = 0; phase ^= 1; }
+            };
+            /* tile j of an item's K/V (KPM: listed tile j), K/V head hkv */
+            auto load_kv = [&](const sm90_work &w, int hkv, int j) {
+                const int k0 = (int)w.seq.ko + (KPM ? (int)a.kpm_list[(w.b * a.kpm_tiles + j) * 4].y : j * BC);
+                load(sK + s * BC * D, &map_k, BC, k0, w.tb, hkv, &k_full[s], &k_empty[s], phase ^ 1);
+                load(sV + s * BC * D, &map_v, BC, k0, w.tb, hkv, &v_full[s], &v_empty[s], phase ^ 1);
+                if (++s == STAGES) { s = 0; phase ^= 1; }
+            };
+            int t = blockIdx.x;
+            if constexpr (Q_REGS) {
+                /* Q's tile is free from the start of an item: the next item is handed over, and its Q loaded, once this
+                 * item's tile `ahead` is loaded. Stride: a whole item ahead, after tile STAGES - 1, whose load waited
+                 * for the last item's last V to empty (the consumers are taking this item by then, and the hand-over
+                 * holds back no load they wait for). Claims: after the last tile, as below, so that an item goes to
+                 * the block free soonest. Claimed a whole item ahead, causal S = 2048-8192 ran 2-4% slower (traced: the
+                 * blocks ended 40 us apart, against 20); 2 tiles before the last, as slow (the steps there 7% longer,
+                 * likely the claim's atomic holding back the next loads) */
+                hand_over(claim(t));
+                for (;;) {
+                    const sm90_work w = *s_work; /* the item handed over last (n_kv >= 1: Sk >= 1, no FEAT) */
+                    if (w.n_kv < 0) break;
+                    const int hkv = w.h / p.kv_group, ahead = a.claims ? w.n_kv - 1 : min(STAGES - 1, w.n_kv - 1);
+                    for (int j = 0; j < w.n_kv; j++) {
+                        load_kv(w, hkv, j);
+                        if (j == ahead) {
+                            t = next(t);
+                            hand_over(claim(t));
+                        }
+                    }
+                }
+            } else { /* the next item once this one's tiles are loaded, when the consumers are about done with Q */
+                for (;; t = next(t)) {
+                    sm90_work w = sm90_work{};
+                    w.n_kv = -1;
+                    if (t < a.items) {
+                        w = sm90_item<FEAT, KPM>(a, t, BR, BC);
+                        if (FEAT && w.skip) continue; /* past its packed sequence: not handed over */
+                    }
+                    hand_over(w);
+                    if (w.n_kv < 0) break;
+                    const int hkv = w.h / p.kv_group;
+                    for (int j = 0; j < w.n_kv; j++) load_kv(w, hkv, j);
                 }
             }
             if (a.claims) { /* the last block done leaves the counters at zero for the next launch */
@@ -498,9 +547,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
         if (cw == NWG - 1) issue_turn_pass<NWG>(cw); /* the first warpgroup issues first */
         const uint32_t q_addr = smem_addr(sQ) + cw * 64 * 128, k_base = smem_addr(sK), v_base = smem_addr(sV);
         int s = 0, phase = 0, q_phase = 0, item_phase = 0;
-        /* D = 128: Q_i as A fragments in registers for the item (qf[kk]: k-step kk, the P layout of issue_pv), so
-         * that S = Q K^T reads only K from shared memory */
-        constexpr bool Q_REGS = D == 128 && !FEAT;
+        /* Q_REGS: Q_i as A fragments (qf[kk]: k-step kk, the P layout of issue_pv) */
         uint32_t qf[Q_REGS ? D / 16 : 1][4];
         /* the fragments from the landed Q tile, one ldmatrix.x4 per k-step: matrix i = lane / 8 holds rows 8 (i & 1) ..
          * + 7 of the warp's 16 and 16-byte chunk 2 (kk % 4) + i / 2 of 64-column half kk / 4, at chunk ^ (row % 8) */
@@ -624,7 +671,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 issue_turn_pass<NWG>(cw);
                 if (lane == 0) {
                     if (j < n_kv) mbar_arrive(&k_empty[s]);
-                    if (j == n_kv - 1) mbar_arrive(q_empty);
+                    if (j == (Q_REGS ? 0 : n_kv - 1)) mbar_arrive(q_empty); /* as the main path releases Q */
                     if (j > 0) mbar_arrive(&v_empty[sv]);
                 }
                 if (j < n_kv) {
