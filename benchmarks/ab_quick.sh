@@ -2,9 +2,9 @@
 # A/B on the GPU machine: build the working tree ("new") and, for each folder in VARIANTS (default: $OLD_DIR), a copy
 # of the tree with that folder's files put in (same relative paths, named after the folder), all at once, each from
 # a fresh CMake build folder into /tmp/ab_<name>; print each library's kernel symbols matching SYMBOL as a check of
-# what was built; run the GPU tests on new (TESTS=1; stopped after TEST_TIMEOUT seconds, a hung kernel included),
-# then time every build in turn ROUNDS times with a quick script (default benchmarks/attn_quick.py; QUICK_ARGS passed
-# on; each run stopped after QUICK_TIMEOUT seconds).
+# what was built; run the GPU tests on new (TESTS=1: TEST_PATHS, default tests/; stopped after TEST_TIMEOUT seconds, a
+# hung kernel included), then time every build in turn ROUNDS times with a quick script (default
+# benchmarks/attn_quick.py; QUICK_ARGS passed on; each run stopped after QUICK_TIMEOUT seconds).
 #   OLD_DIR=ab_old QUICK_ARGS="--head-dim 64" bash benchmarks/ab_quick.sh
 #   VARIANTS="ab_old ab_mid" QUICK=benchmarks/gemm_quick.py QUICK_ARGS=--epilogue bash benchmarks/ab_quick.sh
 #   OLD_DIR=ab_old QUICK=benchmarks/kpm_quick.py QUICK_ARGS="--fasta data/uniprot20k.fasta.gz" SYMBOL=kpm_prepare ...
@@ -43,7 +43,7 @@ for v in $names; do
     { echo "flashsci for $v does not import from /tmp/ab_$v"; exit 1; }
 done
 if [[ ${TESTS:-1} == 1 ]]; then
-  PYTHONPATH=/tmp/ab_new timeout -k 5 ${TEST_TIMEOUT:-900} python3 -m pytest -q -x tests/ ${TEST_ARGS:-} 2>&1 | tee "$OUT/logs/tests.log" | tail -4
+  PYTHONPATH=/tmp/ab_new timeout -k 5 ${TEST_TIMEOUT:-900} python3 -m pytest -q -x ${TEST_PATHS:-tests/} ${TEST_ARGS:-} 2>&1 | tee "$OUT/logs/tests.log" | tail -4
 fi
 for round in $(seq ${ROUNDS:-2}); do
   for v in ${names#new } new; do

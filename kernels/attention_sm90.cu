@@ -148,6 +148,12 @@
  *       32x16x512x128 -1.5 to -6%, ProtT5-XL -0.4 to -5%, S = 8192 +0.3 to +1.3%. Claimed items (causal) keep the
  *       late hand-over, yet 4x16x4096x128 causal measured 488, 493 -> 500, 501 us (likely the consumers' registers,
  *       allocated anew around the producer's new loop)
+ *   v6.14 plain D = 128: the producer's early loop hands over at one place (the item's tiles up to `ahead`, the
+ *       hand-over, the rest), and the consumers keep S in one array per item instead of one per tile. SASS 2992 ->
+ *       2680 instructions (producer 946 -> 685, consumers 1995 -> 1942); the other kernels unchanged. H100 fp16,
+ *       graph replay, two rounds, us: ProtT5-XL 248.9, 254.3 -> 242.3, 236.2 (1.03-1.04 -> 1.06-1.07x cuDNN's
+ *       speed); 2x16x8192x128 1819, 1833 -> 1790, 1780; 4x16x4096x128 causal 505, 505 -> 495, 495; 32x16x512x128
+ *       133.4, 136.5 -> 133.9, 137.6. Which of the two changes carries the gain was not separated
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -503,18 +509,17 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                  * the block free soonest. Claimed a whole item ahead, causal S = 2048-8192 ran 2-4% slower (traced: the
                  * blocks ended 40 us apart, against 20); 2 tiles before the last, as slow (the steps there 7% longer,
                  * likely the claim's atomic holding back the next loads) */
-                hand_over(claim(t));
-                for (;;) {
-                    const sm90_work w = *s_work; /* the item handed over last (n_kv >= 1: Sk >= 1, no FEAT) */
-                    if (w.n_kv < 0) break;
+                sm90_work w = sm90_work{}; /* the item whose tiles load (none ahead of the first); one hand-over site:
+                                            * with it inside the tile loop the producer took 261 more instructions */
+                for (bool first = true;; first = false) {
                     const int hkv = w.h / p.kv_group, ahead = a.claims ? w.n_kv - 1 : min(STAGES - 1, w.n_kv - 1);
-                    for (int j = 0; j < w.n_kv; j++) {
-                        load_kv(w, hkv, j);
-                        if (j == ahead) {
-                            t = next(t);
-                            hand_over(claim(t));
-                        }
-                    }
+                    int j = 0;
+                    for (; j <= ahead; j++) load_kv(w, hkv, j);
+                    if (!first) t = next(t);
+                    hand_over(claim(t));
+                    for (; j < w.n_kv; j++) load_kv(w, hkv, j);
+                    w = *s_work; /* the item handed over */
+                    if (w.n_kv < 0) break;
                 }
             } else { /* the next item once this one's tiles are loaded, when the consumers are about done with Q (claim's
                       * body written out: calling claim here made the FEAT producers spill 20 bytes) */
@@ -730,9 +735,10 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 }
                 FS_TRACE_CLOCK(FS_TR_C_QREGS);
 
+                float sc[NS * 4]; /* S_j, then P_j: one array for the item's tiles (an array per tile: 24 more
+                                   * instructions in the plain D = 128 consumers) */
                 /* tile 0: S_0, its softmax (O is still zero) */
                 {
-                    float sc[NS * 4];
                     const uint2 kt = KPM ? __ldg(a.kpm_list + (w.b * a.kpm_tiles) * 4 + t4) : make_uint2(0, 0);
                     mbar_wait(&k_full[s], phase);
                     FS_TRACE_CLOCK(FS_TR_C_K0);
@@ -757,7 +763,6 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 /* tile j: S_j and P_{j-1} V_{j-1} issued together; the softmax of S_j, then O rescaled once P V landed
                  * (ptxas puts that wait ahead of the softmax: see the header) */
                 for (int j = 1; j < n_kv; j++) {
-                    float sc[NS * 4];
                     const uint2 kt = KPM ? __ldg(a.kpm_list + (w.b * a.kpm_tiles + j) * 4 + t4) : make_uint2(0, 0);
                     mbar_wait(&v_full[sv], phase_v); /* loaded before K_j */
                     mbar_wait(&k_full[s], phase);

@@ -259,6 +259,22 @@ def test_t5_bias_with_seqlens_causal_and_half_table():
     assert_close(out, ref64(q, k, v, 0.125, keep, dense)[0], torch_lowp(q, k, v, 0.125, keep, dense), "t5+seqlens")
 
 
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 1e-7, 0.05])
+def test_t5_bias_any_scale(scale):
+    """The T5 bias beside a negative, zero or tiny scale (at one not above zero the kernels scale before the row max).
+    torch's error is taken on the same problem with a positive scale: q times the scale's sign (exact), scale |c|
+    (1 for zero)."""
+    h, d = 4, 128
+    q, k, v = (rand(2, h, 300, d) for _ in range(3))
+    table = torch.randn(h, 32, device="cuda") * 3
+    dense = t5_dense(table, 300, 300, 32, 128, True)
+    out = poisoned(q)
+    flashsci.attention(q, k, v, scale=scale, t5_bias=(table, 32, 128, True), out=out)
+    sign = -1.0 if scale < 0 else 1.0 if scale > 0 else 0.0
+    theirs = torch_lowp(q * sign, k, v, abs(scale) or 1.0, add=dense)
+    assert_close(out, ref64(q, k, v, scale, add=dense)[0], theirs, f"t5 at scale {scale}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
