@@ -150,10 +150,11 @@
  *       allocated anew around the producer's new loop)
  *   v6.14 plain D = 128: the producer's early loop hands over at one place (the item's tiles up to `ahead`, the
  *       hand-over, the rest), and the consumers keep S in one array per item instead of one per tile. SASS 2992 ->
- *       2680 instructions (producer 946 -> 685, consumers 1995 -> 1942); the other kernels unchanged. H100 fp16,
- *       graph replay, two rounds, us: ProtT5-XL 248.9, 254.3 -> 242.3, 236.2 (1.03-1.04 -> 1.06-1.07x cuDNN's
- *       speed); 2x16x8192x128 1819, 1833 -> 1790, 1780; 4x16x4096x128 causal 505, 505 -> 495, 495; 32x16x512x128
- *       133.4, 136.5 -> 133.9, 137.6. Which of the two changes carries the gain was not separated
+ *       2680 instructions (producer 946 -> 685, consumers 1995 -> 1942); the other kernels keep their instruction
+ *       counts (the one array renames registers and moves 2 MOVs in them). H100 fp16, graph replay, two rounds, us:
+ *       ProtT5-XL 248.9, 254.3 -> 242.3, 236.2 (1.03-1.04 -> 1.06-1.07x cuDNN's speed); 2x16x8192x128 1819, 1833 ->
+ *       1790, 1780; 4x16x4096x128 causal 505, 505 -> 495, 495; 32x16x512x128 133.4, 136.5 -> 133.9, 137.6. Which of
+ *       the two changes carries the gain was not separated
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
