@@ -86,6 +86,9 @@ for d in (64, 128):
     qp, kp, vp = (torch.randn(int(cu[-1]), 40, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
     flashsci.attention_varlen(qp, kp, vp, cu, cu, 700, 700, causal=True, t5_bias=(torch.randn(40, 32, device=dev), 32, 128, True),
                               rotary=True, return_lse=True)
+q, k, v = (torch.randn(2, 32, 300, 128, device=dev, dtype=f16) for _ in range(3))  # sm90: the T5 bias alone (T5 kernel)
+for causal in (False, True):
+    flashsci.attention(q, k, v, scale=1.0, causal=causal, t5_bias=(torch.randn(32, 32, device=dev), 32, 128, True))
 q, k, v = (torch.randn(3, 48, 300, 64, device=dev, dtype=f16) for _ in range(3))   # sm90: seqlens, T5, rotary
 flashsci.attention(q, k, v, seqlens=lens, t5_bias=(torch.randn(48, 32, device=dev), 32, 128, False), causal=True)
 flashsci.attention(q.transpose(1, 2), k[:, :, :200].transpose(1, 2), v[:, :, :200].transpose(1, 2), layout="bshd",

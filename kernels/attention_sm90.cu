@@ -29,7 +29,8 @@
  * (FEAT instantiations: per-sequence offsets and lengths, the T5 table of the item's head in shared memory, expanded
  * for every head by a small kernel ahead of the launch, sm90_t5_expand; of a padding mask, each batch's list of the
  * key tiles that keep a key, tiles counted from its first kept key, visited in order (the others skipped), and per
- * thread and listed tile a word of the keys it drops, sm90_kpm_prepare);
+ * thread and listed tile a word of the keys it drops, sm90_kpm_prepare); the T5 bias alone at D = 128 (ProtT5) on the
+ * plain kernel with the bias added (T5 instantiations: sm90_t5_init);
  * rotary through a pre-pass that rotates q and k into the workspace (rotary.cu); no additive bias, no KV split (the
  * sm80 kernel takes the rest). K/V may have fewer heads than Q (grouped-query attention: item (b, h) loads K/V head
  * h / kv_group), K/V broadcast over heads included (one shared head).
@@ -155,6 +156,16 @@
  *       ProtT5-XL 248.9, 254.3 -> 242.3, 236.2 (1.03-1.04 -> 1.06-1.07x cuDNN's speed); 2x16x8192x128 1819, 1833 ->
  *       1790, 1780; 4x16x4096x128 causal 505, 505 -> 495, 495; 32x16x512x128 133.4, 136.5 -> 133.9, 137.6. Which of
  *       the two changes carries the gain was not separated
+ *   v6.15 the T5 bias without the other options at D = 128 on the plain kernel (T5: Q in registers, the early hand-over,
+ *       which the FEAT kernel cannot hold without spilling). On tiles whose positions reach into the bias's span the
+ *       bias (tables of bias / scale) is loaded into S's registers ahead of the tile's issue turn, as the value its
+ *       Q K^T accumulates on; the other tiles shift by the table's end entry. The bias added in the softmax, as FEAT
+ *       does, was 8% slower here: with Q in registers ptxas issued each of the 34 table loads just ahead of its FFMA.
+ *       H100 fp16, benchmarks/t5_cost.py, ProtT5's buckets, three rounds, us: 32x32x512 291, 288, 290 -> 282, 283, 282
+ *       (0.945-0.954 of the plain kernel's speed); 16x32x1024 510, 511, 511 -> 501, 501, 501; 8x32x2048 936, 942, 938
+ *       -> 958, 948, 963 (0.915-0.935). Tried and dropped: 8-byte loads from a table of pairs, one per register pair (32
+ *       loads where ptxas made 34 and 30 moves), up to 4% slower at S = 512 and 1024; a branch giving the first wgmma
+ *       of a tile without the bias RZ as its input (a constant accumulate flag), level
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -213,17 +224,18 @@ template <> struct fs_sm90_tile<64, 128, 2>  { enum { STAGES = 4, REGS = 240 }; 
 template <> struct fs_sm90_tile<128, 128, 2> { enum { STAGES = 2, REGS = 240 }; };
 
 #define FS_SM90_T5_MAX 2048 /* T5 bias entries of a table (FEAT) */
-#define FS_SM90_T5_PAD 136   /* entries each side of a T5 table repeating its end values (sm90_softmax) */
+#define FS_SM90_T5_PAD 192   /* entries each side of a T5 table repeating its end values (sm90_softmax, sm90_t5_init) */
 #define FS_SM90_T5_STRIDE (FS_SM90_T5_MAX + 2 * FS_SM90_T5_PAD) /* floats; a multiple of 4 (16-byte bulk copies) */
+#define FS_SM90_T5_MIN_SCALE 1e-6 /* |scale| at least for the T5 kernels, whose tables hold bias / scale */
 #define FS_SM90_WORK_BYTES 64 /* the work item the producer hands to the consumers (sm90_work) */
 
 /* shared memory: Q tile, K ring, V ring, an O staging tile per consumer warpgroup (1024-byte aligned), with the
  * protein options (FEAT) two T5 tables (for the items of alternate Q tile loads), the mbarriers, the current work item,
  * the coordinates of each staging tile's store; plus 1 KiB alignment slack */
-template <int D, int BC, int NWG, bool FEAT> constexpr int sm90_smem()
+template <int D, int BC, int NWG, bool BIAS> constexpr int sm90_smem()
 {
     using t = fs_sm90_tile<D, BC, NWG>;
-    return (2 * 64 * NWG + 2 * t::STAGES * BC) * D * 2 + (FEAT ? 2 * 4 * FS_SM90_T5_STRIDE : 0) + (4 + 4 * t::STAGES) * 8 +
+    return (2 * 64 * NWG + 2 * t::STAGES * BC) * D * 2 + (BIAS ? 2 * 4 * FS_SM90_T5_STRIDE : 0) + (4 + 4 * t::STAGES) * 8 +
            FS_SM90_WORK_BYTES + NWG * 16 + 1024;
 }
 
@@ -287,19 +299,52 @@ template <bool FEAT, bool KPM> FS_DEV sm90_work sm90_item(const fs_sm90_args &a,
                      FEAT && p.cu_seqlens_q && q0 >= seq.q_len, seq};
 }
 
+/* T5 kernels: the T5 bias of the S tile at key k0 of a consumer warpgroup's rows rw0 .. rw0 + 63 (rw0 and k0 uniform
+ * over the warpgroup), from t5 (bias / scale of relative position col - row, clamped to -t5_lneg .. t5_n - 1 - t5_lneg,
+ * at t5[col - row]). Where the tile's positions reach into the span, this thread's elements (rows row0, row0 + 8) go
+ * into s as the initial value that S = Q K^T accumulates on, and the call returns true with add = 0; a tile wholly
+ * before or after the span returns false with add = ends[0] or ends[1], the shift of its scores. Loaded ahead of the
+ * tile's issue turn, the loads land while the warpgroup waits for it (in the softmax, with Q in registers, ptxas issued
+ * each load just ahead of its use: 8% slower at S = 512). No clamp per element: the positions reach at most 8 NS + 62
+ * past the span, where the table repeats its end entries. */
+template <int NS>
+FS_DEV bool sm90_t5_init(float (&s)[NS * 4], const float *t5, int t5_lneg, int t5_n, int k0, int rw0, int row0, int t4,
+                         const float (&ends)[2], float &add)
+{
+    static_assert(8 * NS + 62 <= FS_SM90_T5_PAD, "a tile's positions stay within the T5 table's padding");
+    const int lo = k0 - (rw0 + 63), hi = k0 + NS * 8 - 1 - rw0;
+    const bool before = hi <= -t5_lneg, after = lo >= t5_n - 1 - t5_lneg;
+    add = before ? ends[0] : after ? ends[1] : 0.f;
+    if (before || after) return false;
+    /* element (n, r, c) has rel = base + 8 (n - r) + c */
+    const float *base = t5 + (k0 + 2 * t4 - row0);
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) s[4 * n + 2 * r + c] = base[8 * (n - r) + c];
+    return true;
+}
+
+/* How a kernel adds the T5 bias: not at all; in the softmax, from t5 where the item has a table (FEAT); as S's
+ * initial value on tiles where it varies and as one shift elsewhere (T5: sm90_t5_init). */
+enum { SM90_NO_T5, SM90_T5_IF_SET, SM90_T5_ALWAYS };
 /* Online softmax of one S tile in place (NS column groups of 8, rows g and g + 8 of this thread's warp): masks,
  * then m_i <- max(m_i, rowmax(S) c); S <- P = exp2(S c - m_i); l_i <- alpha l_i + rowsum(P); returns
  * alpha = exp2(m_old - m_i) per row for the caller to rescale O with. Rows with every key masked so far keep
  * m_i = -inf and use 0 in its place (P = 0, no NaN). P stays fp32: packing it to the A fragments of P V waits
  * until the previous P V has read them. FEAT: keys past k_len are masked, so are the columns set in drop
- * (bit 2 n + c for this thread's column 8 n + 2 t4 + c: sm90_kpm_prepare), and t5 (NULL: none) adds the T5 bias
- * (log2 units) of relative position col - row, clamped to -t5_lneg .. t5_n - 1 - t5_lneg, at t5[col - row]; a
- * tile whose positions all clamp to one entry only shifts the exponent, and the others' reach no further than
- * 8 NS + 7 past that span, where the table repeats its end entries (FS_SM90_T5_PAD): no clamp per element. */
-template <int NS, bool FEAT, bool KPM>
+ * (bit 2 n + c for this thread's column 8 n + 2 t4 + c: sm90_kpm_prepare). BIAS = SM90_T5_IF_SET: t5 (NULL: none)
+ * adds the T5 bias (log2 units) of relative position col - row, clamped to -t5_lneg .. t5_n - 1 - t5_lneg, at
+ * t5[col - row]; a tile whose positions all clamp to one entry only shifts the exponent, and the others' reach no
+ * further than 8 NS + 7 past that span, where the table repeats its end entries (FS_SM90_T5_PAD): no clamp per
+ * element. BIAS = SM90_T5_ALWAYS: S holds the bias where it varies over the tile (sm90_t5_init), and t5_add (log2
+ * units) shifts the tile's scores. */
+template <int NS, int BIAS, bool KPM>
 FS_DEV void sm90_softmax(float (&s)[NS * 4], const fs_attn_params &p, int k0, int k_len, int row0, int t4, float scale_log2,
-                         const float *t5, int t5_lneg, int t5_n, uint32_t drop, float (&m_i)[2], float (&l_i)[2],
-                         float (&alpha)[2])
+                         const float *t5, int t5_lneg, int t5_n, float t5_add, uint32_t drop, float (&m_i)[2],
+                         float (&l_i)[2], float (&alpha)[2])
 {
     const bool prescale = scale_log2 <= 0.f; /* a non-positive scale flips the max: scale before it */
     const float mul = prescale ? 1.f : scale_log2;
@@ -319,9 +364,9 @@ FS_DEV void sm90_softmax(float (&s)[NS * 4], const fs_attn_params &p, int k0, in
         for (int i = 0; i < NS * 4; i++)
             if (drop >> (2 * (i >> 2) + (i & 1)) & 1) s[i] = -INFINITY;
     /* scores in log2 units are x = S tile_mul + tile_add */
-    float tile_mul = mul, tile_add = 0.f;
+    float tile_mul = mul, tile_add = BIAS == SM90_T5_ALWAYS ? t5_add : 0.f;
     static_assert(8 * NS + 7 <= FS_SM90_T5_PAD, "a tile's positions stay within the T5 table's padding");
-    if (FEAT && t5) {
+    if (BIAS == SM90_T5_IF_SET && t5) {
         const int top = t5_n - 1 - t5_lneg;
         const int lo = min(max(k0 - (row0 + 8), -t5_lneg), top), hi = min(max(k0 + NS * 8 - 1 - row0, -t5_lneg), top);
         if (lo == hi) {
@@ -346,13 +391,13 @@ FS_DEV void sm90_softmax(float (&s)[NS * 4], const fs_attn_params &p, int k0, in
         float mx = -INFINITY;
 #pragma unroll
         for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
-        if (FEAT) mx = fmaf(mx, tile_mul, tile_add); /* lanes of a row may differ in tile_mul / tile_add */
+        if (BIAS) mx = fmaf(mx, tile_mul, tile_add); /* lanes of a row may differ in tile_mul / tile_add */
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-        const float m_new = fmaxf(m_i[r], FEAT ? mx : mx * mul), m_use = m_new == -INFINITY ? 0.f : m_new;
+        const float m_new = fmaxf(m_i[r], BIAS ? mx : mx * mul), m_use = m_new == -INFINITY ? 0.f : m_new;
         alpha[r] = exp2_approx(m_i[r] - m_use);
         m_i[r] = m_new;
-        const float shift = FEAT ? tile_add - m_use : -m_use;
+        const float shift = BIAS ? tile_add - m_use : -m_use;
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < NS; n++) {
@@ -395,7 +440,7 @@ template <int NS, typename T> FS_DEV_T void sm90_pack_p(const float (&s)[NS * 4]
 }
 #endif
 
-template <int D, int BC, int NWG, typename T, bool FEAT, bool KPM>
+template <int D, int BC, int NWG, typename T, bool FEAT, bool KPM, bool T5>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                    const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_o, const fs_sm90_args a)
@@ -411,6 +456,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     constexpr int BR = 64 * NWG, NS = BC / 8, NO = D / 8, HALVES = D / 64, ARRIVALS = 4 * NWG;
     /* D = 128: the consumers hold Q_i in registers for the item (S = Q K^T then reads only K from shared memory) */
     constexpr bool Q_REGS = D == 128 && !FEAT;
+    /* the T5 bias: FEAT kernels add it where p.t5_table is set, T5 ones (the plain kernel and the bias) always */
+    constexpr int BIAS = T5 ? SM90_T5_ALWAYS : FEAT ? SM90_T5_IF_SET : SM90_NO_T5;
     extern __shared__ unsigned char smem_raw[];
     /* TMA's 128-byte swizzle and the wgmma descriptors address 1024-byte atoms: align the base (through redux.sync,
      * a uniform register: otherwise ptxas keeps it in an ordinary one and moves it over (R2UR) in the main loop) */
@@ -419,7 +466,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     T *sO = sV + STAGES * BC * D; /* 64 x D per consumer warpgroup */
     /* FEAT, T5: two tables of FS_SM90_T5_STRIDE, the one of the item whose Q tile loads in phase q_phase at q_phase */
     float *s_t5 = reinterpret_cast<float *>(sO + BR * D);
-    uint64_t *q_full = reinterpret_cast<uint64_t *>(s_t5 + (FEAT ? 2 * FS_SM90_T5_STRIDE : 0)), *q_empty = q_full + 1;
+    uint64_t *q_full = reinterpret_cast<uint64_t *>(s_t5 + (BIAS ? 2 * FS_SM90_T5_STRIDE : 0)), *q_empty = q_full + 1;
     uint64_t *k_full = q_empty + 1, *k_empty = k_full + STAGES, *v_full = k_empty + STAGES, *v_empty = v_full + STAGES;
     /* the current work item: written by the producer thread, which then arrives on item_full; every consumer thread
      * arrives on item_read once it has read it (an arrive orders the arriving thread's own accesses only) */
@@ -428,6 +475,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     int4 *s_ostore = reinterpret_cast<int4 *>(reinterpret_cast<unsigned char *>(s_work) + FS_SM90_WORK_BYTES); /* per
                                                * consumer warpgroup: its staging tile's store coordinates (row, h, b) */
     const fs_attn_params &p = a.p;
+    const bool t5_on = BIAS == SM90_T5_ALWAYS || (BIAS == SM90_T5_IF_SET && p.t5_table);
     const int wg = threadIdx.x >> 7;
 #ifdef FS_SM90_TRACE
     int trace_n = 0;
@@ -484,7 +532,7 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 mbar_arrive(item_full);
                 item_phase ^= 1;
                 if (w.n_kv <= 0) return; /* the end, or no key to read (O = 0): nothing to load */
-                if (FEAT && p.t5_table) { /* the head's T5 table lands with Q: the consumers were done with the one in
+                if (t5_on) { /* the head's T5 table lands with Q: the consumers were done with the one in
                                            * its slot, two Q tiles back, when they released the last Q tile; its bytes
                                            * are added before the Q load's arrival can complete the phase */
                     mbar_wait(q_empty, q_phase ^ 1);
@@ -564,15 +612,16 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             for (int kk = 0; kk < (Q_REGS ? D / 16 : 0); kk++)
                 ldmatrix_x4(q_addr + (kk >> 2) * BR * 128 + row * 128 + (((2 * (kk & 3) + hi) ^ (lane & 7)) << 4), qf[kk]);
         };
-        /* S = Q_i K^T on stage s (landed): D/16 k-steps, each 32 bytes further along a 128-byte row (next half at kk = 4) */
-        auto issue_s = [&](float (&sc)[NS * 4]) {
+        /* S = Q_i K^T on stage s (landed): D/16 k-steps, each 32 bytes further along a 128-byte row (next half at kk = 4);
+         * biased (uniform over the warpgroup): S = sc + Q_i K^T, on the T5 bias sc holds (sm90_t5_init) */
+        auto issue_s = [&](float (&sc)[NS * 4], bool biased) {
             const uint64_t dk0 = desc_sw128(k_base + s * BC * D * 2, 16, 1024); /* + offset >> 4: the address field
                                                                                   * holds addr >> 4, below 2^14 */
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
                 const uint64_t dk = dk0 + (((kk >> 2) * BC * 128 + 32 * (kk & 3)) >> 4);
-                if constexpr (Q_REGS) wgmma_rs_kmajor<BC, T>(sc, qf[kk], dk, kk > 0);
-                else wgmma_ss<BC, T>(sc, desc_sw128(q_addr + (kk >> 2) * BR * 128 + 32 * (kk & 3), 16, 1024), dk, kk > 0);
+                if constexpr (Q_REGS) wgmma_rs_kmajor<BC, T>(sc, qf[kk], dk, kk > 0 || biased);
+                else wgmma_ss<BC, T>(sc, desc_sw128(q_addr + (kk >> 2) * BR * 128 + 32 * (kk & 3), 16, 1024), dk, kk > 0 || biased);
             }
             wgmma_commit();
         };
@@ -722,14 +771,25 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 }
                 continue;
             }
-            /* this head's T5 bias by relative position, log2 units, end entries repeated; it lands with Q (built here
-             * by each warpgroup instead, the table took 9% of ProtT5's time at S = 512) */
-            const float *t5 = FEAT && p.t5_table ? s_t5 + q_phase * FS_SM90_T5_STRIDE + FS_SM90_T5_PAD + a.t5_lneg : nullptr;
+            /* this head's T5 bias by relative position (FEAT: log2 units; T5: bias / scale), end entries repeated; it
+             * lands with Q (built here by each warpgroup instead, the table took 9% of ProtT5's time at S = 512) */
+            const float *t5 = t5_on ? s_t5 + q_phase * FS_SM90_T5_STRIDE + FS_SM90_T5_PAD + a.t5_lneg : nullptr;
+            /* T5: the bias of the tile at key k0 into sc ahead of its Q K^T (returns true), or its one entry as the
+             * softmax's shift (add, log2 units: t5_ends, the table's end entries, loaded once Q has landed); rw0 uniform,
+             * so that the choice is the warpgroup's */
+            const int rw0 = BIAS == SM90_T5_ALWAYS ? (int)__reduce_max_sync(0xffffffffu, (unsigned)(w.q0 + cw * 64)) : 0;
+            float t5_ends[2] = {0.f, 0.f};
+            auto t5_init = [&](float (&sc)[NS * 4], int k0, float &add) {
+                add = 0.f;
+                return BIAS == SM90_T5_ALWAYS && sm90_t5_init<NS>(sc, t5, a.t5_lneg, a.t5_n, k0, rw0, row0, t4, t5_ends, add);
+            };
             { /* the item's K/V tiles */
                 uint32_t pk[NS][2];
                 mbar_wait(q_full, q_phase);
                 q_phase ^= 1;
                 load_q();
+                if (BIAS == SM90_T5_ALWAYS)
+                    for (int e = 0; e < 2; e++) t5_ends[e] = t5[e ? a.t5_n - 1 - a.t5_lneg : -a.t5_lneg] * a.scale_log2;
                 if constexpr (Q_REGS) { /* Q is in registers: its tile may take the next item's */
                     __syncwarp();
                     if (lane == 0) mbar_arrive(q_empty);
@@ -741,12 +801,14 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                 /* tile 0: S_0, its softmax (O is still zero) */
                 {
                     const uint2 kt = KPM ? __ldg(a.kpm_list + (w.b * a.kpm_tiles) * 4 + t4) : make_uint2(0, 0);
+                    float t5_add;
+                    const bool biased = t5_init(sc, 0, t5_add);
                     mbar_wait(&k_full[s], phase);
                     FS_TRACE_CLOCK(FS_TR_C_K0);
                     issue_turn_wait(cw);
                     FS_TRACE_CLOCK(FS_TR_C_S0_TURN);
                     wgmma_fence();
-                    issue_s(sc);
+                    issue_s(sc, biased);
                     issue_turn_pass<NWG>(cw);
                     store_o(); /* the last item's O, under S_0 */
                     wgmma_wait<0>();
@@ -755,8 +817,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                         mbar_arrive(&k_empty[s]);
                         if (!Q_REGS && n_kv == 1) mbar_arrive(q_empty); /* the item's last Q K^T is done: Q may be refilled */
                     }
-                    sm90_softmax<NS, FEAT, KPM>(sc, p, KPM ? (int)kt.y : 0, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n,
-                                                kt.x, m_i, l_i, alpha);
+                    sm90_softmax<NS, BIAS, KPM>(sc, p, KPM ? (int)kt.y : 0, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg, a.t5_n,
+                                                t5_add, kt.x, m_i, l_i, alpha);
                     sm90_pack_p<NS, T>(sc, pk);
                 }
                 int sv = s, phase_v = phase; /* the stage whose V the pending P V reads */
@@ -765,12 +827,14 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                  * (ptxas puts that wait ahead of the softmax: see the header) */
                 for (int j = 1; j < n_kv; j++) {
                     const uint2 kt = KPM ? __ldg(a.kpm_list + (w.b * a.kpm_tiles + j) * 4 + t4) : make_uint2(0, 0);
+                    float t5_add;
+                    const bool biased = t5_init(sc, j * BC, t5_add); /* sc: P_{j-1} is packed in pk */
                     mbar_wait(&v_full[sv], phase_v); /* loaded before K_j */
                     mbar_wait(&k_full[s], phase);
                     issue_turn_wait(cw);
                     if (j == 1) FS_TRACE_CLOCK(FS_TR_C_LOOP_TURN);
                     wgmma_fence();
-                    issue_s(sc);
+                    issue_s(sc, biased);
                     issue_pv(o, pk, sv);
                     issue_turn_pass<NWG>(cw);
                     wgmma_wait<1>(); /* S_j landed */
@@ -778,8 +842,8 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                         mbar_arrive(&k_empty[s]);
                         if (!Q_REGS && j == n_kv - 1) mbar_arrive(q_empty);
                     }
-                    sm90_softmax<NS, FEAT, KPM>(sc, p, KPM ? (int)kt.y : j * BC, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg,
-                                                a.t5_n, kt.x, m_i, l_i, alpha);
+                    sm90_softmax<NS, BIAS, KPM>(sc, p, KPM ? (int)kt.y : j * BC, k_len, row0, t4, a.scale_log2, t5, a.t5_lneg,
+                                                a.t5_n, t5_add, kt.x, m_i, l_i, alpha);
                     wgmma_wait<0>(); /* P_{j-1} V_{j-1} landed */
                     if (lane == 0) mbar_arrive(&v_empty[sv]);
 #pragma unroll
@@ -829,16 +893,17 @@ attention_fwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
 #endif
 }
 
-/* Each head's T5 table as the attention kernel reads it from shared memory (sm90_softmax), into out (row floats per
- * head): entry i is the bias, in log2 units, of relative position clamp(i - FS_SM90_T5_PAD, 0, t5_n - 1) - t5_lneg.
- * One block per head, launched ahead of the attention kernel, whose producer copies a row per work item. */
-__global__ void sm90_t5_expand(const fs_attn_params p, int t5_lneg, int t5_n, int row, float *out)
+/* Each head's T5 table as the attention kernel reads it from shared memory (sm90_softmax, sm90_t5_init), into out (row
+ * floats per head): entry i is the bias times mul (FEAT: log2 e; T5: 1 / scale) of relative position
+ * clamp(i - FS_SM90_T5_PAD, 0, t5_n - 1) - t5_lneg. One block per head, launched ahead of the attention kernel, whose
+ * producer copies a row per work item. */
+__global__ void sm90_t5_expand(const fs_attn_params p, int t5_lneg, int t5_n, int row, float mul, float *out)
 {
     const int h = blockIdx.x;
     for (int i = threadIdx.x; i < row; i += blockDim.x) {
         const int pos = min(max(i - FS_SM90_T5_PAD, 0), t5_n - 1);
         const int bucket = fs_t5_bucket(pos - t5_lneg, p.t5_buckets, p.t5_max_distance, p.t5_bidirectional);
-        out[(int64_t)h * row + i] = load_float(p.t5_table, h * p.t5_sh + bucket * p.t5_sn, p.t5_dtype) * FS_LOG2E;
+        out[(int64_t)h * row + i] = load_float(p.t5_table, h * p.t5_sh + bucket * p.t5_sn, p.t5_dtype) * mul;
     }
 }
 
@@ -969,13 +1034,14 @@ static int sm90_section(const fs_attn_params *p)
 }
 
 /* Launch one tile shape on a persistent grid (one block per SM, at most one per work item), or only describe it.
- * FEAT: the kernel with packed sequences, seqlens and the T5 bias; KPM: with a key padding mask too. */
-template <int D, int BC, int NWG, typename T, bool FEAT, bool KPM = false>
+ * FEAT: the kernel with packed sequences, seqlens and the T5 bias; KPM: with a key padding mask too; T5: the plain
+ * kernel with the T5 bias. */
+template <int D, int BC, int NWG, typename T, bool FEAT, bool KPM = false, bool T5 = false>
 static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan)
 {
-    constexpr int BR = 64 * NWG, THREADS = 128 * (NWG + 1), SMEM = sm90_smem<D, BC, NWG, FEAT>();
+    constexpr int BR = 64 * NWG, THREADS = 128 * (NWG + 1), SMEM = sm90_smem<D, BC, NWG, FEAT || T5>();
     static fs_kernel handle;
-    const void *kernel = (const void *)attention_fwd_sm90<D, BC, NWG, T, FEAT, KPM>;
+    const void *kernel = (const void *)attention_fwd_sm90<D, BC, NWG, T, FEAT, KPM, T5>;
     fs_sm90_args a;
     a.p = *p;
     a.scale_log2 = (float)(p->scale * 1.4426950408889634);
@@ -1040,7 +1106,8 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
         static fs_kernel expand;
         float *rows = reinterpret_cast<float *>(wsb + FS_COUNTER_BYTES);
         fs_attn_params pt = *p;
-        void *targs[] = {&pt, &a.t5_lneg, &a.t5_n, &a.t5_row, &rows};
+        float mul = T5 ? (float)(1.0 / p->scale) : FS_LOG2E; /* T5 tables hold bias / scale: sm90_t5_init */
+        void *targs[] = {&pt, &a.t5_lneg, &a.t5_n, &a.t5_row, &mul, &rows};
         err = fs_kernel_prepare((const void *)sm90_t5_expand, &expand, 0, device);
         if (err == cudaSuccess) err = fs_launch(&expand, device, (unsigned)p->H, 256, 0, stream, targs);
         a.t5_rows = rows;
@@ -1068,6 +1135,13 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
 static bool sm90_feat(const fs_attn_params *p)
 {
     return p->cu_seqlens_q || p->seqlens || p->kpm || p->t5_table;
+}
+
+/* The T5 bias without the other options at D = 128 (ProtT5) runs on the plain kernel with the bias added (T5): Q in
+ * registers and the early hand-over, which the FEAT kernel cannot hold without spilling (NOTES.md, session 29). */
+static bool sm90_t5_plain(const fs_attn_params *p)
+{
+    return p->t5_table && p->D == 128 && !p->cu_seqlens_q && !p->seqlens && !p->kpm && fabs(p->scale) >= FS_SM90_T5_MIN_SCALE;
 }
 
 /* Consumer warpgroups: three (Br = 192) at D = 64 (plain S = 4096, 8192: 8-12% faster than two warpgroups with
@@ -1109,6 +1183,7 @@ static cudaError_t launch_dtype(const fs_attn_params *p, int device, int sm_coun
     if (p->kpm)
         return p->D == 128 ? launch<128, 128, W128, T, true, true>(p, device, sm_count, stream, plan)
                            : launch<64, 128, W64, T, true, true>(p, device, sm_count, stream, plan);
+    if (sm90_t5_plain(p)) return launch<128, 128, W128, T, false, false, true>(p, device, sm_count, stream, plan);
     if (p->D == 128)
         return feat ? launch<128, 128, W128, T, true>(p, device, sm_count, stream, plan)
                     : launch<128, 128, W128, T, false>(p, device, sm_count, stream, plan);
