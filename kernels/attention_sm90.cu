@@ -330,6 +330,7 @@ FS_DEV bool sm90_t5_init(float (&s)[NS * 4], const float *t5, int t5_lneg, int t
 /* How a kernel adds the T5 bias: not at all; in the softmax, from t5 where the item has a table (FEAT); as S's
  * initial value on tiles where it varies and as one shift elsewhere (T5: sm90_t5_init). */
 enum { SM90_NO_T5, SM90_T5_IF_SET, SM90_T5_ALWAYS };
+
 /* Online softmax of one S tile in place (NS column groups of 8, rows g and g + 8 of this thread's warp): masks,
  * then m_i <- max(m_i, rowmax(S) c); S <- P = exp2(S c - m_i); l_i <- alpha l_i + rowsum(P); returns
  * alpha = exp2(m_old - m_i) per row for the caller to rescale O with. Rows with every key masked so far keep
