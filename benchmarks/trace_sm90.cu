@@ -1,17 +1,69 @@
 /* Where a Hopper attention launch spends its time (fp16, bhsd, random inputs over 8 sets): the launch time by CUDA
- * events, then from one traced launch (kernel built with FS_SM90_TRACE, globaltimer stamps) the spread of block
- * starts, each block's first item, the duration of later items (full query tiles, and light ones whose tile has idle
- * warpgroups), when each block's last item ends and how many items each block took; then, in clock cycles per consumer
- * warpgroup, the phases of the full items after a block's first (the hand-off, Q, K_0, S_0, the first softmax, the steps,
- * the last P V, finish) and what an item takes beyond its steps. Session 19 found ESM-C's 7 us between the mean and the
- * last block end with it, session 27 the item boundary's cost (NOTES.md).
+ * events, then from one traced launch (globaltimer stamps) the spread of block starts, each block's first item, the
+ * duration of later items (full query tiles, and light ones whose tile has idle warpgroups), when each block's last item
+ * ends and how many items each block took; then, in clock cycles per consumer warpgroup, the phases of the full items
+ * after a block's first (the hand-off, Q, K_0, S_0, the first softmax, the steps, the last P V, finish) and what an
+ * item takes beyond its steps. The kernel's trace hooks (empty in the library) are defined here, before the fp16
+ * instantiations are included.
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DFLASHSCI_SM90A -Ikernels -o /tmp/trace_sm90 \
- *        benchmarks/trace_sm90.cu kernels/workspace.cu kernels/rotary.cu -lcuda
+ *        benchmarks/trace_sm90.cu kernels/attention/sm90/{dispatch,prepare,forward_bf16}.cu \
+ *        kernels/common/workspace.cu kernels/attention/rotary/rotary.cu -lcuda
  *   /tmp/trace_sm90 B H S D [causal]
- * -DKERNEL_SRC='"path"' traces another copy of attention_sm90.cu (variants side by side on one machine). */
-#define FS_SM90_TRACE
+ * -DKERNEL_SRC='"path"' traces another copy of the fp16 instantiations (variants side by side on one machine). */
+#include <cuda_runtime.h>
+
+/* per block, [block][0][0]: its start (thread 0), the hand-off of the end marker and its end (consumer thread 128),
+ * globaltimer ns; [block][1 + i][cw]: item i as the first thread of consumer warpgroup cw (0, 1) sees it, the FS_TR_
+ * fields: hand-off and end (its O store issued) in globaltimer ns, its (b H + h) << 32 | q0 and n_kv, then clock64
+ * stamps of its phases. The first FS_TRACE_ITEMS items of a block. */
+#define FS_TRACE_ITEMS 64
+enum {
+    FS_TR_READ, FS_TR_END, FS_TR_ID, FS_TR_NKV,
+    FS_TR_C_READ,      /* the item read from its slot */
+    FS_TR_C_QREGS,     /* Q landed (D = 128: in registers) */
+    FS_TR_C_K0,        /* K_0 landed */
+    FS_TR_C_S0_TURN,   /* the issue turn for S_0 */
+    FS_TR_C_S0_DONE,   /* S_0 landed */
+    FS_TR_C_LOOP_TURN, /* the issue turn for S_1 and P_0 V_0 */
+    FS_TR_C_LAST_TURN, /* the issue turn for the last P V */
+    FS_TR_C_LAST_DONE, /* the last P V landed */
+    FS_TR_C_END,       /* O stored (finish) */
+    FS_TR_FIELDS
+};
+__device__ unsigned long long fs_sm90_trace[1024][FS_TRACE_ITEMS + 1][2][FS_TR_FIELDS];
+static __device__ __forceinline__ unsigned long long trace_now()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+/* the hooks (kernel.cuh, mainloop.cuh): the block's start, a consumer's start (its item count), an item read (trace_t0; the end marker's hand-off), a clock
+ * stamp of a phase, an item's end, the block's end */
+#define FS_SM90_TRACE_BLOCK_START() if (threadIdx.x == 0) fs_sm90_trace[blockIdx.x][0][0][0] = trace_now()
+#define FS_SM90_TRACE_CLOCK(f)                                                                                         \
+    do {                                                                                                               \
+        if ((threadIdx.x & 127) == 0 && cw < 2 && trace_n < FS_TRACE_ITEMS)                                            \
+            fs_sm90_trace[blockIdx.x][1 + trace_n][cw][f] = clock64();                                                 \
+    } while (0)
+#define FS_SM90_TRACE_ITEM_READ(n_kv)                                                                                  \
+    const unsigned long long trace_t0 = trace_now();                                                                   \
+    FS_SM90_TRACE_CLOCK(FS_TR_C_READ);                                                                                 \
+    if (n_kv < 0 && threadIdx.x == 128) fs_sm90_trace[blockIdx.x][0][0][1] = trace_t0
+#define FS_SM90_TRACE_ITEM_END(w, n_kv)                                                                                \
+    FS_SM90_TRACE_CLOCK(FS_TR_C_END);                                                                                  \
+    if ((threadIdx.x & 127) == 0 && cw < 2 && trace_n < FS_TRACE_ITEMS) {                                              \
+        unsigned long long *r = fs_sm90_trace[blockIdx.x][1 + trace_n][cw];                                            \
+        r[FS_TR_READ] = trace_t0;                                                                                      \
+        r[FS_TR_END] = trace_now();                                                                                    \
+        r[FS_TR_ID] = (unsigned long long)(w.b * p.H + w.h) << 32 | (unsigned)w.q0;                                    \
+        r[FS_TR_NKV] = n_kv;                                                                                           \
+    }                                                                                                                  \
+    trace_n++
+#define FS_SM90_TRACE_BLOCK_END() if (threadIdx.x == 128) fs_sm90_trace[blockIdx.x][0][0][2] = trace_now()
+#define FS_SM90_TRACE_CONSUMER() int trace_n = 0
+
 #ifndef KERNEL_SRC
-#define KERNEL_SRC "../kernels/attention_sm90.cu"
+#define KERNEL_SRC "attention/sm90/forward_fp16.cu"
 #endif
 #include KERNEL_SRC
 

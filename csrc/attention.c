@@ -4,19 +4,15 @@
  * dispatch to the C CPU kernel or the CUDA kernels. */
 #include "flashsci.h"
 
-#include <math.h>
-
-#include "../kernels/attention_cpu.h"
+#include "attention/cpu/attention_cpu.h"
 
 enum { KW_CAUSAL, KW_SCALE, KW_LAYOUT, KW_OUT, KW_RETURN_LSE, KW_STREAM, KW_KPM, KW_SEQLENS, KW_BIAS, KW_T5, KW_ROTARY, KW_COUNT };
 
 typedef struct {
     PyObject *q, *k, *v, *out, *stream, *kpm, *seqlens, *bias;
-    int causal, return_lse, bshd, has_scale;
+    int return_lse, bshd;
+    fs_attn_options opt;
     fs_t5_args t5;
-    int rotary;
-    float rotary_base;
-    double scale;
 } attn_args;
 
 /* Parse the vectorcall arguments: q, k, v positional, everything else keyword-only. */
@@ -45,9 +41,9 @@ static int parse_args(fs_state *st, PyObject *const *args, Py_ssize_t nargs, PyO
         }
         kw[slot] = args[nargs + i];
     }
-    if (kw[KW_CAUSAL] && (a->causal = PyObject_IsTrue(kw[KW_CAUSAL])) < 0) return -1;
+    if (kw[KW_CAUSAL] && (a->opt.causal = PyObject_IsTrue(kw[KW_CAUSAL])) < 0) return -1;
     if (kw[KW_RETURN_LSE] && (a->return_lse = PyObject_IsTrue(kw[KW_RETURN_LSE])) < 0) return -1;
-    if (kw[KW_SCALE] && fs_parse_scale(kw[KW_SCALE], &a->has_scale, &a->scale) < 0) return -1;
+    if (kw[KW_SCALE] && fs_parse_scale(kw[KW_SCALE], &a->opt.has_scale, &a->opt.scale) < 0) return -1;
     if (kw[KW_LAYOUT]) {
         PyObject *l = kw[KW_LAYOUT];
         if (!PyUnicode_Check(l)) {
@@ -66,7 +62,7 @@ static int parse_args(fs_state *st, PyObject *const *args, Py_ssize_t nargs, PyO
     a->seqlens = kw[KW_SEQLENS] == Py_None ? NULL : kw[KW_SEQLENS];
     a->bias = kw[KW_BIAS] == Py_None ? NULL : kw[KW_BIAS];
     if (kw[KW_T5] && kw[KW_T5] != Py_None && fs_parse_t5(kw[KW_T5], &a->t5) < 0) return -1;
-    if (kw[KW_ROTARY] && fs_parse_rotary(kw[KW_ROTARY], &a->rotary, &a->rotary_base) < 0) return -1;
+    if (kw[KW_ROTARY] && fs_parse_rotary(kw[KW_ROTARY], &a->opt.rotary, &a->opt.rotary_base) < 0) return -1;
     return 0;
 }
 
@@ -182,36 +178,10 @@ static int check_bias(const fs_tensor *x, const fs_tensor *q, const fs_attn_para
     return 0;
 }
 
-/* Fill the kernel parameters from the checked tensors. */
-static void fill_params(const attn_args *a, fs_tensor *const t[3], const fs_tensor *o, void *lse, fs_attn_params *p)
-{
-    int ib, ih, is;
-    layout_dims(a->bshd, &ib, &ih, &is);
-    memset(p, 0, sizeof *p);
-    p->q = t[0]->data; p->k = t[1]->data; p->v = t[2]->data; p->o = o->data; p->lse = lse;
-    p->q_sb = t[0]->strides[ib]; p->q_sh = t[0]->strides[ih]; p->q_ss = t[0]->strides[is];
-    p->k_sb = t[1]->strides[ib]; p->k_sh = t[1]->strides[ih]; p->k_ss = t[1]->strides[is];
-    p->v_sb = t[2]->strides[ib]; p->v_sh = t[2]->strides[ih]; p->v_ss = t[2]->strides[is];
-    p->o_sb = o->strides[ib]; p->o_sh = o->strides[ih]; p->o_ss = o->strides[is];
-    p->B = (int)t[0]->shape[ib];
-    p->H = (int)t[0]->shape[ih];
-    p->Sq = (int)t[0]->shape[is];
-    p->Sk = (int)t[1]->shape[is];
-    p->D = (int)t[0]->shape[3];
-    p->kv_group = fs_kv_group(t[0]->shape[ih], t[1]->shape[ih], p->k_sh, p->v_sh);
-    p->scale = a->has_scale ? a->scale : 1.0 / sqrt((double)p->D);
-    p->causal = a->causal;
-    p->dtype = t[0]->dtype;
-    p->lse_sb = (int64_t)p->H * p->Sq;
-    p->lse_sh = p->Sq;
-    p->rotary = a->rotary;
-    p->rotary_base = a->rotary_base;
-}
-
 int fs_run_attention(fs_state *st, const fs_attn_params *p, fs_tensor *const *arrays, int n, uintptr_t stream)
 {
     if (arrays[0]->is_cuda)
-        return fs_wait_producers(arrays, n, stream) < 0 ? -1 : fs_gpu_attention(p, arrays[0]->device, stream);
+        return fs_wait_producers(arrays, n, stream) < 0 ? -1 : fs_gpu_attention(p, arrays[0]->device, stream, &st->choice);
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = fs_attention_cpu(p, st->num_threads);
@@ -239,7 +209,7 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (fs_tensor_import(st, a.k, "k", stream, FS_ROUTE_AUTO, FS_FLOATS, &tk) < 0) goto done;
     if (fs_tensor_import(st, a.v, "v", stream, FS_ROUTE_AUTO, FS_FLOATS, &tv) < 0) goto done;
     if (check_inputs(&a, t) < 0) goto done;
-    if (fs_check_rotary(a.rotary, tq.shape[3]) < 0) goto done;
+    if (fs_check_rotary(a.opt.rotary, tq.shape[3]) < 0) goto done;
     if (a.stream && !tq.is_cuda) {
         PyErr_SetString(PyExc_ValueError, "stream= applies to CUDA inputs, but q, k and v are on the CPU");
         goto done;
@@ -268,7 +238,12 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (a.return_lse && !(lse = fs_new_output(st, &tq, 3, lshape, ldtype, stream, &lse_data))) goto done;
 
     fs_attn_params p;
-    fill_params(&a, t, &to, lse_data, &p);
+    fs_attn_params_build(&p, &a.opt, (int)tq.shape[ib], (int)tq.shape[ih], (int)tk.shape[ih], (int)tq.shape[is],
+                         (int)tk.shape[is], (int)tq.shape[3], tq.dtype, fs_operand_padded(&tq, a.bshd),
+                         fs_operand_padded(&tk, a.bshd), fs_operand_padded(&tv, a.bshd), fs_operand_padded(&to, a.bshd));
+    p.lse = lse_data;
+    p.lse_sb = (int64_t)p.H * p.Sq;
+    p.lse_sh = p.Sq;
     if (a.kpm && (fs_tensor_import(st, a.kpm, "key_padding_mask", stream, FS_ROUTE_AUTO, 1u << FS_BOOL, &tm) < 0 ||
                   check_kpm(&tm, &tq, &p, &p) < 0))
         goto done;

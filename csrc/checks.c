@@ -9,7 +9,7 @@
 
 #include <math.h>
 
-#include "../kernels/attention_cpu.h"
+#include "attention/cpu/attention_cpu.h"
 
 const char *const fs_qkv_names[3] = {"q", "k", "v"};
 

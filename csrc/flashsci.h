@@ -6,11 +6,19 @@
 #include <Python.h>
 #include <stdint.h>
 
-#include "../kernels/attention.h"
-#include "../kernels/gemm.h"
+#include "attention/params.h"
+#include "common/dtype.h"
 #include "dlpack.h"
+#include "gemm/params.h"
 
 #define FS_MAX_NDIM 8
+
+/* Kernel choices that tests and benchmarks set (_set_attention_kernel, _set_gemm_kernel); zero: the dispatcher's. */
+typedef struct {
+    int attention_sm80; /* the portable attention kernel on Hopper too */
+    int gemm_sm80;      /* the portable GEMM on Hopper too */
+    int gemm_bn;        /* the Hopper GEMM's tile width (128, 160, 192, 256) */
+} fs_kernel_choice;
 
 /* Per-module state (multi-phase init): cached types, interned names and torch handles. */
 typedef struct {
@@ -26,7 +34,11 @@ typedef struct {
         *s_max_version, *s_cuda_stream, *s_cuda_stream_proto, *s_c_exchange_api, *s_is_neg;
     PyObject *kw_names;             /* tuple of attention()'s keyword names, interned */
     int num_threads;                /* CPU threads for CPU kernels */
+    fs_kernel_choice choice;
 } fs_state;
+
+/* The module's state. */
+static inline fs_state *fs_get_state(PyObject *module) { return (fs_state *)PyModule_GetState(module); }
 
 typedef enum { FS_SRC_NUMPY, FS_SRC_TORCH, FS_SRC_DLPACK, FS_SRC_CAI, FS_SRC_ARRAY } fs_source;
 
@@ -47,11 +59,6 @@ typedef struct {
     int has_stream;                 /* __cuda_array_interface__ v3 'stream' key */
     uintptr_t stream;
 } fs_tensor;
-
-/* module.c */
-fs_state *fs_get_state(PyObject *module);
-const char *fs_dtype_name(fs_dtype dt);
-size_t fs_dtype_itemsize(fs_dtype dt);
 
 /* tensor.c */
 typedef enum { FS_ROUTE_AUTO, FS_ROUTE_DLPACK, FS_ROUTE_CAI, FS_ROUTE_TORCH_ATTRS } fs_route;
@@ -99,6 +106,22 @@ typedef struct { PyObject *table; int buckets, max_distance, bidirectional; } fs
 int fs_parse_t5(PyObject *t5, fs_t5_args *a);
 int fs_check_t5(const fs_tensor *x, const fs_tensor *q, const fs_t5_args *a, fs_attn_params *p);
 
+/* params.c: the attention problem from checked tensors. An operand's data and (batch, head, sequence) strides in
+ * elements: padded 4-D tensors in either layout, or packed (total, H, D) ones (batch stride 0). */
+typedef struct { char *data; int64_t sb, sh, ss; } fs_operand;
+fs_operand fs_operand_padded(const fs_tensor *t, int bshd);
+fs_operand fs_operand_packed(const fs_tensor *t);
+/* The options every attention entry point parses: causal, scale (has_scale = 0: 1 / sqrt(D)), rotary. */
+typedef struct {
+    int causal, has_scale;
+    double scale;
+    int rotary;
+    float rotary_base;
+} fs_attn_options;
+/* p from sizes, operands and options; everything else (lse, masks, lengths, biases) zero for the caller to set. */
+void fs_attn_params_build(fs_attn_params *p, const fs_attn_options *opt, int B, int H, int Hkv, int Sq, int Sk, int D,
+                          fs_dtype dtype, fs_operand q, fs_operand k, fs_operand v, fs_operand o);
+
 /* attention.c */
 /* Run checked parameters: the CUDA kernels on stream (after the streams arrays[0..n) named), else the
  * CPU kernel with the GIL released. */
@@ -108,6 +131,14 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
 /* linear.c */
 PyObject *fs_linear(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fs_swiglu(PyObject *module, PyObject *args, PyObject *kwargs);
+
+/* introspect.c: the hooks tests and benchmarks use (_inspect, _launch_plan, _gemm_plan, _set_attention_kernel,
+ * _set_gemm_kernel) */
+PyObject *fs_hook_inspect(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *fs_hook_launch_plan(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fs_hook_gemm_plan(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fs_hook_set_attention_kernel(PyObject *module, PyObject *arg);
+PyObject *fs_hook_set_gemm_kernel(PyObject *module, PyObject *arg);
 
 /* gpu.c: the CUDA runtime, or stubs that raise in a build without CUDA. All return 0 or -1 with an
  * exception set, unless noted. */
@@ -121,12 +152,9 @@ int fs_gpu_stream_wait(uintptr_t waiter, uintptr_t producer, int device);
 int fs_gpu_pointer_device(const void *ptr, int *device);
 void *fs_gpu_malloc_async(size_t bytes, uintptr_t stream, int device);
 void fs_gpu_free_async(void *ptr, uintptr_t stream, int device);
-int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream);
-PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device);   /* dict: tiles, grid, waves */
-int fs_gpu_gemm(const fs_gemm_params *p, int device, uintptr_t stream);
-PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int device);         /* dict: kernel, tiles, grid */
-extern int fs_attention_force_sm80;                                      /* tests: skip the Hopper attention */
-extern int fs_gemm_force_sm80;                                           /* tests: skip the Hopper GEMM */
-extern int fs_gemm_force_bn;                                             /* tests: Hopper tile width, 0 = auto */
+int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice);
+PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device, const fs_kernel_choice *choice); /* dict */
+int fs_gpu_gemm(const fs_gemm_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice);
+PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int device, const fs_kernel_choice *choice);       /* dict */
 
 #endif

@@ -6,8 +6,8 @@
 #ifdef FLASHSCI_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "../kernels/attention_cuda.h"
-#include "../kernels/gemm_cuda.h"
+#include "attention/launchers.h"
+#include "gemm/launchers.h"
 
 #define FS_MAX_DEVICES 64
 
@@ -135,17 +135,16 @@ static int launch_begin(int device, const char *what, fs_gpu_props *props, int *
     return fs_gpu_device_enter(device, prev);
 }
 
-int fs_attention_force_sm80;
-
 /* Launch attention on device, or with plan non-NULL describe the launch as a dict in *plan. Hopper devices take the
  * sm_90a kernel for the problems it covers (and tests have not forced the portable one). */
-static int attention_launch(const fs_attn_params *p, int device, uintptr_t stream, PyObject **plan)
+static int attention_launch(const fs_attn_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice,
+                            PyObject **plan)
 {
     fs_gpu_props props;
     int prev;
     if (launch_begin(device, "attention", &props, &prev) < 0) return -1;
     fs_sm80_plan pl;
-    const int hopper = props.major == 9 && !fs_attention_force_sm80 && fs_attention_sm90_covers(p, props.sm_count);
+    const int hopper = props.major == 9 && !choice->attention_sm80 && fs_attention_sm90_covers(p, props.sm_count);
     cudaError_t err = hopper ? fs_attention_sm90(p, device, props.sm_count, (cudaStream_t)stream, plan ? &pl : NULL)
                              : fs_attention_sm80(p, device, props.sm_count, props.major, (cudaStream_t)stream, plan ? &pl : NULL);
     fs_gpu_device_leave(prev, device);
@@ -163,29 +162,28 @@ static int attention_launch(const fs_attn_params *p, int device, uintptr_t strea
     return 0;
 }
 
-int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream)
+int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice)
 {
-    return attention_launch(p, device, stream, NULL);
+    return attention_launch(p, device, stream, choice, NULL);
 }
 
-PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device)
+PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device, const fs_kernel_choice *choice)
 {
     PyObject *plan = NULL;
-    return attention_launch(p, device, 0, &plan) < 0 ? NULL : plan;
+    return attention_launch(p, device, 0, choice, &plan) < 0 ? NULL : plan;
 }
-
-int fs_gemm_force_sm80, fs_gemm_force_bn;
 
 /* Launch a GEMM on device, or with plan non-NULL describe the launch as a dict in *plan. Hopper devices take
  * the sm_90a kernel when it was built (and tests have not forced the portable one). */
-static int gemm_launch(const fs_gemm_params *p, int device, uintptr_t stream, PyObject **plan)
+static int gemm_launch(const fs_gemm_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice,
+                       PyObject **plan)
 {
     fs_gpu_props props;
     int prev;
     if (launch_begin(device, "linear", &props, &prev) < 0) return -1;
     fs_gemm_plan pl;
-    const int hopper = props.major == 9 && fs_gemm_sm90_built() && !fs_gemm_force_sm80;
-    cudaError_t err = hopper ? fs_gemm_sm90(p, device, props.sm_count, fs_gemm_force_bn, (cudaStream_t)stream, plan ? &pl : NULL)
+    const int hopper = props.major == 9 && fs_gemm_sm90_built() && !choice->gemm_sm80;
+    cudaError_t err = hopper ? fs_gemm_sm90(p, device, props.sm_count, choice->gemm_bn, (cudaStream_t)stream, plan ? &pl : NULL)
                              : fs_gemm_sm80(p, device, (cudaStream_t)stream, plan ? &pl : NULL);
     fs_gpu_device_leave(prev, device);
     if (err != cudaSuccess) return cuda_fail(err, plan ? "linear launch plan" : "linear kernel launch");
@@ -198,12 +196,15 @@ static int gemm_launch(const fs_gemm_params *p, int device, uintptr_t stream, Py
     return 0;
 }
 
-int fs_gpu_gemm(const fs_gemm_params *p, int device, uintptr_t stream) { return gemm_launch(p, device, stream, NULL); }
+int fs_gpu_gemm(const fs_gemm_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice)
+{
+    return gemm_launch(p, device, stream, choice, NULL);
+}
 
-PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int device)
+PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int device, const fs_kernel_choice *choice)
 {
     PyObject *plan = NULL;
-    return gemm_launch(p, device, 0, &plan) < 0 ? NULL : plan;
+    return gemm_launch(p, device, 0, choice, &plan) < 0 ? NULL : plan;
 }
 
 #else /* no CUDA toolkit at build time */
@@ -226,11 +227,27 @@ int fs_gpu_stream_wait(uintptr_t w, uintptr_t p, int d) { (void)w; (void)p; (voi
 int fs_gpu_pointer_device(const void *ptr, int *device) { (void)ptr; (void)device; return no_cuda(); }
 void *fs_gpu_malloc_async(size_t b, uintptr_t s, int d) { (void)b; (void)s; (void)d; no_cuda(); return NULL; }
 void fs_gpu_free_async(void *ptr, uintptr_t s, int d) { (void)ptr; (void)s; (void)d; }
-int fs_gpu_attention(const fs_attn_params *p, int d, uintptr_t s) { (void)p; (void)d; (void)s; return no_cuda(); }
-PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int d) { (void)p; (void)d; no_cuda(); return NULL; }
-int fs_attention_force_sm80;
-int fs_gemm_force_sm80, fs_gemm_force_bn;
-int fs_gpu_gemm(const fs_gemm_params *p, int d, uintptr_t s) { (void)p; (void)d; (void)s; return no_cuda(); }
-PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int d) { (void)p; (void)d; no_cuda(); return NULL; }
+int fs_gpu_attention(const fs_attn_params *p, int d, uintptr_t s, const fs_kernel_choice *c)
+{
+    (void)p; (void)d; (void)s; (void)c;
+    return no_cuda();
+}
+PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int d, const fs_kernel_choice *c)
+{
+    (void)p; (void)d; (void)c;
+    no_cuda();
+    return NULL;
+}
+int fs_gpu_gemm(const fs_gemm_params *p, int d, uintptr_t s, const fs_kernel_choice *c)
+{
+    (void)p; (void)d; (void)s; (void)c;
+    return no_cuda();
+}
+PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int d, const fs_kernel_choice *c)
+{
+    (void)p; (void)d; (void)c;
+    no_cuda();
+    return NULL;
+}
 
 #endif

@@ -9,7 +9,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
-#include "../kernels/gemm_cpu.h"
+#include "gemm/cpu/gemm_cpu.h"
 
 static const char *const act_names[FS_NUM_ACTS] = {"none", "relu", "gelu", "gelu_tanh", "silu"};
 
@@ -185,7 +185,7 @@ static int check_bias(const fs_tensor *b, const fs_tensor *x, int64_t N)
 static int run_gemm(fs_state *st, const fs_gemm_params *p, fs_tensor *const *arrays, int n, uintptr_t stream)
 {
     if (arrays[0]->is_cuda)
-        return fs_wait_producers(arrays, n, stream) < 0 ? -1 : fs_gpu_gemm(p, arrays[0]->device, stream);
+        return fs_wait_producers(arrays, n, stream) < 0 ? -1 : fs_gpu_gemm(p, arrays[0]->device, stream, &st->choice);
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = fs_gemm_cpu(p, st->num_threads);

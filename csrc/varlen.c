@@ -2,8 +2,6 @@
  * FlashAttention's cu_seqlens convention, so a batch of proteins of 80 to 8000 residues carries no padding. */
 #include "flashsci.h"
 
-#include <math.h>
-
 /* cu_seqlens: int32 (B + 1,), contiguous; on the CPU also 0 first, non-decreasing, total last, and no
  * sequence longer than max_seqlen. */
 static int check_cu_seqlens(const fs_tensor *c, const char *name, const fs_tensor *q, int64_t total, long long max_seqlen)
@@ -49,8 +47,8 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
              *rotary_arg = Py_None;
     PyObject *out = NULL, *lse = NULL, *result = NULL;
     long long max_q, max_k;
-    int causal = 0, return_lse = 0, has_scale = 0;
-    double scale_value = 0;
+    int return_lse = 0;
+    fs_attn_options opt = {0};
     fs_t5_args t5 = {NULL, 0, 0, 0};
     fs_tensor tq, tk, tv, to, tcq, tck, tt;
     fs_tensor *const t[3] = {&tq, &tk, &tv};
@@ -59,13 +57,11 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
     for (int i = 0; i < 7; i++) memset(all[i], 0, sizeof *all[i]);
 
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOLL|$pOOpOOO:attention_varlen", kwlist, &q, &k, &v, &cq, &ck, &max_q,
-                                     &max_k, &causal, &scale, &out_arg, &return_lse, &stream_arg, &t5_arg, &rotary_arg))
+                                     &max_k, &opt.causal, &scale, &out_arg, &return_lse, &stream_arg, &t5_arg, &rotary_arg))
         return NULL;
-    if (fs_parse_scale(scale, &has_scale, &scale_value) < 0) return NULL;
+    if (fs_parse_scale(scale, &opt.has_scale, &opt.scale) < 0) return NULL;
     if (t5_arg != Py_None && fs_parse_t5(t5_arg, &t5) < 0) return NULL;
-    int rotary;
-    float rotary_base = 0;
-    if (fs_parse_rotary(rotary_arg, &rotary, &rotary_base) < 0) return NULL;
+    if (fs_parse_rotary(rotary_arg, &opt.rotary, &opt.rotary_base) < 0) return NULL;
     if (max_q < 1 || max_k < 1 || max_q > INT32_MAX || max_k > INT32_MAX) {
         PyErr_Format(PyExc_ValueError, "max_seqlen_q and max_seqlen_k must be in [1, 2**31), got %lld and %lld", max_q, max_k);
         return NULL;
@@ -86,7 +82,7 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
             goto done;
         }
     if (fs_check_kv_heads(t, 1) < 0) goto done;
-    if (fs_check_rotary(rotary, tq.shape[2]) < 0) goto done;
+    if (fs_check_rotary(opt.rotary, tq.shape[2]) < 0) goto done;
     if (tk.shape[0] != tv.shape[0]) {
         PyErr_Format(PyExc_ValueError, "k has %lld tokens but v has %lld: they must match", (long long)tk.shape[0],
                      (long long)tv.shape[0]);
@@ -103,29 +99,6 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
         goto done;
     }
 
-    fs_attn_params p;
-    memset(&p, 0, sizeof p);
-    p.B = (int)tcq.shape[0] - 1;
-    p.H = (int)tq.shape[1];
-    p.D = (int)tq.shape[2];
-    p.Sq = (int)max_q;
-    p.Sk = (int)max_k;
-    p.scale = has_scale ? scale_value : 1.0 / sqrt((double)p.D);
-    p.causal = causal;
-    p.dtype = tq.dtype;
-    p.rotary = rotary;
-    p.rotary_base = rotary_base;
-    p.cu_seqlens_q = (const int32_t *)tcq.data;
-    p.cu_seqlens_k = (const int32_t *)tck.data;
-    p.total_q = tq.shape[0];
-    p.total_k = tk.shape[0];
-    p.q = tq.data; p.q_ss = tq.strides[0]; p.q_sh = tq.strides[1];
-    p.k = tk.data; p.k_ss = tk.strides[0]; p.k_sh = tk.strides[1];
-    p.v = tv.data; p.v_ss = tv.strides[0]; p.v_sh = tv.strides[1];
-    p.kv_group = fs_kv_group(tq.shape[1], tk.shape[1], p.k_sh, p.v_sh);
-    if (t5.table && (fs_tensor_import(st, t5.table, "t5_bias table", stream, FS_ROUTE_AUTO, FS_FLOATS, &tt) < 0 ||
-                     fs_check_t5(&tt, &tq, &t5, &p) < 0))
-        goto done;
     if (out_arg != Py_None) {
         if (fs_tensor_import(st, out_arg, "out", stream, FS_ROUTE_AUTO, FS_FLOATS, &to) < 0 ||
             fs_check_out(&to, t, fs_qkv_names, 3, tq.shape, 3, tq.dtype) < 0)
@@ -138,7 +111,17 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
         to.strides[0] = tq.shape[1] * tq.shape[2];
         to.strides[1] = tq.shape[2];
     }
-    p.o = to.data; p.o_ss = to.strides[0]; p.o_sh = to.strides[1];
+    fs_attn_params p;
+    fs_attn_params_build(&p, &opt, (int)tcq.shape[0] - 1, (int)tq.shape[1], (int)tk.shape[1], (int)max_q, (int)max_k,
+                         (int)tq.shape[2], tq.dtype, fs_operand_packed(&tq), fs_operand_packed(&tk), fs_operand_packed(&tv),
+                         fs_operand_packed(&to));
+    p.cu_seqlens_q = (const int32_t *)tcq.data;
+    p.cu_seqlens_k = (const int32_t *)tck.data;
+    p.total_q = tq.shape[0];
+    p.total_k = tk.shape[0];
+    if (t5.table && (fs_tensor_import(st, t5.table, "t5_bias table", stream, FS_ROUTE_AUTO, FS_FLOATS, &tt) < 0 ||
+                     fs_check_t5(&tt, &tq, &t5, &p) < 0))
+        goto done;
     if (return_lse) {
         const int64_t lshape[2] = {tq.shape[1], tq.shape[0]};   /* (H, total_q), FlashAttention's varlen lse */
         char *lse_data;

@@ -1,0 +1,12 @@
+/* C CPU attention: the reference path for NumPy users, CPU tensors and machines without a GPU. */
+#ifndef FLASHSCI_ATTENTION_CPU_H
+#define FLASHSCI_ATTENTION_CPU_H
+
+#include "attention/params.h"
+
+#define FS_CPU_MAX_D 512
+
+/* Run attention on the CPU with up to num_threads threads; returns 0, or -1 when out of memory. */
+int fs_attention_cpu(const fs_attn_params *p, int num_threads);
+
+#endif

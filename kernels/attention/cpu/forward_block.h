@@ -1,0 +1,151 @@
+/* One (batch, head, query-block) of CPU flash attention, instantiated by attention_cpu.c for
+ * REAL = float (fp16/bf16/fp32 inputs) and REAL = double (fp64 inputs). Paper notation (FlashAttention-2):
+ * a query block Q_i of Br rows streams over key/value blocks K_j, V_j of Bc rows, keeping the running
+ * row max m_i, the running denominator l_i and the unnormalised output O_i. */
+
+/* Rotary embedding of one head vector at position pos, in place, ESM's x cos + rotate_half(x) sin:
+ * x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin (x1 = x[:D/2], x2 = x[D/2:]), angle = pos inv_freq_i in float32
+ * with inv_freq_i = 1 / base^(2i / D), as HF computes it. */
+static void ROTATE_FN(REAL *x, int D, int64_t pos, float base)
+{
+    for (int i = 0; i < D / 2; i++) {
+        const float inv_freq = 1.0f / powf(base, (float)(2 * i) / (float)D);
+        const float angle = (float)pos * inv_freq;
+        const REAL c = (REAL)cosf(angle), s = (REAL)sinf(angle), x1 = x[i], x2 = x[i + D / 2];
+        x[i] = x1 * c - x2 * s;
+        x[i + D / 2] = x2 * c + x1 * s;
+    }
+}
+
+FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h, int64_t i0, REAL *scratch)
+{
+    const int D = p->D;
+    const int64_t rows = (p->Sq - i0) < FS_CPU_BR ? (p->Sq - i0) : FS_CPU_BR;
+    REAL *Qi = scratch;                    /* [Br][D]  scale * Q_i                        */
+    REAL *Oi = Qi + FS_CPU_BR * D;         /* [Br][D]  unnormalised output                 */
+    REAL *Kt = Oi + FS_CPU_BR * D;         /* [D][Bc]  K_j transposed                      */
+    REAL *Vj = Kt + (int64_t)D * FS_CPU_BC;/* [Bc][D]                                      */
+    REAL *S = Vj + (int64_t)FS_CPU_BC * D; /* [Br][Bc] scores, then probabilities P_ij      */
+    REAL m[FS_CPU_BR], l[FS_CPU_BR];
+
+    const char *qb = (const char *)p->q, *kb = (const char *)p->k, *vb = (const char *)p->v;
+    const size_t es = fs_dtype_itemsize(p->dtype);
+    const int64_t hkv = h / p->kv_group; /* the K/V head this query head reads */
+    /* this sequence's rows: packed (cu_seqlens) or padded, then cut by seqlens; queries at or past q_len
+     * are skipped (padded: written as zeros, lse -inf; packed: not written, they belong to the next one) */
+    const int64_t qo = p->cu_seqlens_q ? p->cu_seqlens_q[b] : 0, ko = p->cu_seqlens_k ? p->cu_seqlens_k[b] : 0;
+    int64_t q_len = p->cu_seqlens_q ? p->cu_seqlens_q[b + 1] - qo : p->Sq;
+    int64_t k_len = p->cu_seqlens_k ? p->cu_seqlens_k[b + 1] - ko : p->Sk;
+    if (p->seqlens) {
+        const int64_t len = p->seqlens[b] < 0 ? 0 : p->seqlens[b];
+        q_len = len < q_len ? len : q_len;
+        k_len = len < k_len ? len : k_len;
+    }
+    const int64_t active = q_len - i0 < 0 ? 0 : (q_len - i0 < rows ? q_len - i0 : rows);
+    for (int64_t r = 0; r < rows; r++) {
+        if (r < active) {
+            LOAD_ROW(qb + es * (b * p->q_sb + h * p->q_sh + (qo + i0 + r) * p->q_ss), p->dtype, Qi + r * D, D);
+            for (int d = 0; d < D; d++) Qi[r * D + d] *= (REAL)p->scale;
+            if (p->rotary) ROTATE_FN(Qi + r * D, D, i0 + r, p->rotary_base);
+        }
+        for (int d = 0; d < D; d++) Oi[r * D + d] = 0;
+        m[r] = -INFINITY;
+        l[r] = 0;
+    }
+    /* causal (top-left): query i sees keys j <= i, so this block needs keys below i0 + active */
+    const int64_t kend = active == 0 ? 0 : p->causal ? (i0 + active < k_len ? i0 + active : k_len) : k_len;
+    const char *bias = (const char *)p->bias;
+    const size_t bias_es = p->bias ? fs_dtype_itemsize(p->bias_dtype) : 0;
+    for (int64_t j0 = 0; j0 < kend; j0 += FS_CPU_BC) {
+        const int cols = (int)((kend - j0) < FS_CPU_BC ? (kend - j0) : FS_CPU_BC);
+        if (p->kpm) { /* a block of keys the padding mask drops altogether is skipped */
+            int kept = 0;
+            for (int c = 0; c < cols && !kept; c++) kept = p->kpm[b * p->kpm_sb + (j0 + c) * p->kpm_sk];
+            if (!kept) continue;
+        }
+        for (int c = 0; c < cols; c++) {
+            REAL row[FS_CPU_MAX_D];
+            LOAD_ROW(kb + es * (b * p->k_sb + hkv * p->k_sh + (ko + j0 + c) * p->k_ss), p->dtype, row, D);
+            if (p->rotary) ROTATE_FN(row, D, j0 + c, p->rotary_base);
+            for (int d = 0; d < D; d++) Kt[(int64_t)d * FS_CPU_BC + c] = row[d];
+            LOAD_ROW(vb + es * (b * p->v_sb + hkv * p->v_sh + (ko + j0 + c) * p->v_ss), p->dtype, Vj + (int64_t)c * D, D);
+        }
+        for (int d = 0; cols < FS_CPU_BC && d < D; d++) /* zero the unused columns: full-width products below */
+            for (int c = cols; c < FS_CPU_BC; c++) Kt[(int64_t)d * FS_CPU_BC + c] = 0;
+        /* T5 bias of this block by relative position j - i, from rel_min = j0 - (i0 + active - 1) */
+        REAL t5[FS_CPU_BR + FS_CPU_BC];
+        const int64_t rel_min = j0 - (i0 + active - 1);
+        for (int t = 0; p->t5_table && t < active + cols - 1; t++) {
+            const int bucket = fs_t5_bucket((int)(rel_min + t), p->t5_buckets, p->t5_max_distance, p->t5_bidirectional);
+            t5[t] = (REAL)fs_load_scalar((const char *)p->t5_table + fs_dtype_itemsize(p->t5_dtype) * (h * p->t5_sh + bucket * p->t5_sn),
+                                         p->t5_dtype);
+        }
+        for (int64_t r = 0; r < active; r++) {
+            REAL *s = S + r * FS_CPU_BC;
+            /* S_ij = (scale Q_i) K_j^T: a row of Bc accumulators with a compile-time width stays in registers */
+            REAL acc[FS_CPU_BC] = {0};
+            for (int d = 0; d < D; d++) {
+                const REAL qd = Qi[r * D + d];
+                const REAL *kt = Kt + (int64_t)d * FS_CPU_BC;
+                for (int c = 0; c < FS_CPU_BC; c++) acc[c] += qd * kt[c];
+            }
+            for (int c = 0; c < cols; c++) s[c] = acc[c];
+            /* S_ij += bias_ij + t5(j - i);  masked keys (padding mask, causal) get -inf */
+            if (bias) {
+                const char *brow = bias + bias_es * (b * p->bias_sb + h * p->bias_sh + (i0 + r) * p->bias_sq);
+                for (int c = 0; c < cols; c++) s[c] += (REAL)fs_load_scalar(brow + bias_es * (j0 + c) * p->bias_sk, p->bias_dtype);
+            }
+            if (p->t5_table)
+                for (int c = 0; c < cols; c++) s[c] += t5[j0 + c - (i0 + r) - rel_min];
+            if (p->kpm)
+                for (int c = 0; c < cols; c++)
+                    if (!p->kpm[b * p->kpm_sb + (j0 + c) * p->kpm_sk]) s[c] = -INFINITY;
+            if (p->causal)
+                for (int c = 0; c < cols; c++)
+                    if (j0 + c > i0 + r) s[c] = -INFINITY;
+            /* m_new = max(m_i, rowmax S_ij);  P_ij = exp(S_ij - m_new);  l_i = e^(m_i - m_new) l_i + rowsum P_ij */
+            REAL mx = m[r];
+            for (int c = 0; c < cols; c++) mx = s[c] > mx ? s[c] : mx;
+            if (mx == -INFINITY) continue;           /* every key so far masked: nothing to add */
+            const REAL alpha = EXP(m[r] - mx);
+            REAL sum = 0;
+            for (int c = 0; c < cols; c++) { s[c] = EXP(s[c] - mx); sum += s[c]; }
+            l[r] = alpha * l[r] + sum;
+            m[r] = mx;
+            /* O_i = e^(m_i - m_new) O_i + P_ij V_j, in register chunks of FS_CPU_DW columns */
+            REAL *o = Oi + r * D;
+            int d0 = 0;
+            for (; d0 + FS_CPU_DW <= D; d0 += FS_CPU_DW) {
+                REAL oc[FS_CPU_DW];
+                for (int e = 0; e < FS_CPU_DW; e++) oc[e] = o[d0 + e] * alpha;
+                for (int c = 0; c < cols; c++) {
+                    const REAL pc = s[c];
+                    const REAL *vr = Vj + (int64_t)c * D + d0;
+                    for (int e = 0; e < FS_CPU_DW; e++) oc[e] += pc * vr[e];
+                }
+                for (int e = 0; e < FS_CPU_DW; e++) o[d0 + e] = oc[e];
+            }
+            for (int d = d0; d < D; d++) o[d] *= alpha;
+            for (int c = 0; c < cols && d0 < D; c++) {
+                const REAL pc = s[c];
+                const REAL *vr = Vj + (int64_t)c * D;
+                for (int d = d0; d < D; d++) o[d] += pc * vr[d];
+            }
+        }
+    }
+    /* O_i = O_i / l_i;  lse_i = m_i + log(l_i); a row that saw no key is written as zeros, lse -inf */
+    char *ob = (char *)p->o;
+    for (int64_t r = 0; r < rows; r++) {
+        if (p->cu_seqlens_q && r >= active) break;
+        const REAL inv = l[r] > 0 ? 1 / l[r] : 0;
+        REAL *o = Oi + r * D;
+        for (int d = 0; d < D; d++) o[d] *= inv;
+        STORE_ROW(o, p->dtype, ob + es * (b * p->o_sb + h * p->o_sh + (qo + i0 + r) * p->o_ss), D);
+        if (p->lse) {
+            const int64_t li = b * p->lse_sb + h * p->lse_sh + qo + i0 + r;
+            const REAL lse = l[r] > 0 ? m[r] + LOG(l[r]) : -INFINITY;
+            if (p->dtype == FS_F64) ((double *)p->lse)[li] = (double)lse;
+            else ((float *)p->lse)[li] = (float)lse;
+        }
+    }
+}

@@ -1,0 +1,63 @@
+/* Fork-join pool for the C CPU kernels (attention_cpu.c, gemm_cpu.c). */
+#include "common/cpu_pool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+typedef struct {
+    fs_cpu_task fn;
+    void *ctx;
+    size_t scratch_bytes;
+    int64_t num_tasks;
+    atomic_llong next;
+    atomic_int failed, ran;
+} fs_cpu_job;
+
+/* Worker: take tasks off the shared counter until none are left. */
+static void *pool_worker(void *arg)
+{
+    fs_cpu_job *job = (fs_cpu_job *)arg;
+    void *scratch = malloc(job->scratch_bytes ? job->scratch_bytes : 1);
+    if (!scratch) {
+        atomic_store(&job->failed, 1);
+        return NULL;
+    }
+    atomic_store(&job->ran, 1);
+    for (;;) {
+        const int64_t t = atomic_fetch_add(&job->next, 1);
+        if (t >= job->num_tasks) break;
+        job->fn(job->ctx, t, scratch);
+    }
+    free(scratch);
+    return NULL;
+}
+
+int fs_cpu_parallel(int64_t num_tasks, int threads, size_t scratch_bytes, fs_cpu_task fn, void *ctx)
+{
+    fs_cpu_job job;
+    job.fn = fn;
+    job.ctx = ctx;
+    job.scratch_bytes = scratch_bytes;
+    job.num_tasks = num_tasks;
+    atomic_init(&job.next, 0);
+    atomic_init(&job.failed, 0);
+    atomic_init(&job.ran, 0);
+    int64_t want = threads < num_tasks ? threads : num_tasks;
+    if (want > 256) want = 256;
+    pthread_t tids[256];
+    int started = 0;
+    for (int64_t i = 1; i < want; i++) {
+        if (pthread_create(&tids[started], NULL, pool_worker, &job) != 0) break;
+        started++;
+    }
+    pool_worker(&job); /* the calling thread works too */
+    for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
+    return atomic_load(&job.ran) && atomic_load(&job.next) >= num_tasks ? 0 : -1;
+}
+
+int fs_cpu_threads_for(double flops, int max_threads)
+{
+    const double want = flops / 4e6;
+    return want < 1.0 ? 1 : want > max_threads ? max_threads : (int)want;
+}

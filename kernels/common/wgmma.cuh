@@ -1,0 +1,93 @@
+/* wgmma (warpgroup MMA, sm_90a) wrappers shared by the Hopper kernel families (attention_sm90.cu,
+ * gemm_sm90.cu): shared-memory descriptors, fences, and the m64nNk16 shapes they use, for fp16 and bf16.
+ * Defines FS_WGMMA in sm_90a device code; other targets see none of it. */
+#ifndef FLASHSCI_WGMMA_CUH
+#define FLASHSCI_WGMMA_CUH
+
+#include "common/cuda_ptx.cuh"
+
+/* wgmma exists only in the sm_90a target; other targets compile the launchers and empty kernels */
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FS_WGMMA 1
+#endif
+
+#ifdef FS_WGMMA
+
+/* Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets
+ * (all in 16-byte units), swizzle mode 1 in bits 62-63. */
+FS_DEV uint64_t desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)((lbo >> 4) & 0x3fff) << 16 |
+           (uint64_t)((sbo >> 4) & 0x3fff) << 32 | 1ull << 62;
+}
+FS_DEV void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+FS_DEV void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> FS_DEV_T void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+/* generic-proxy shared-memory writes (cp.async, st.shared) made visible to the async proxy (wgmma, TMA stores) */
+FS_DEV void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* Four 8x8 b16 matrices to shared memory: lane l gives the row address of matrix l / 8, and r[i] holds its pair of
+ * matrix i (row l / 4, columns 2 (l % 4), + 1): the m16n8 accumulator layout, packed. */
+FS_DEV void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3)
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
+                 "r"(r3) : "memory");
+}
+
+/* D (64 x N, fp32) (+)= A (64 x 16, shared, K-major) B (16 x N, shared, K-major); acc = 0 overwrites D. */
+template <int N, typename T> FS_DEV_T void wgmma_ss(float d[N / 2], uint64_t da, uint64_t db, int acc);
+/* D (64 x N, fp32) += A (64 x 16, registers) B (16 x N, shared, MN-major). */
+template <int N, typename T> FS_DEV_T void wgmma_rs(float d[N / 2], const uint32_t a[4], uint64_t db);
+/* D (64 x N, fp32) (+)= A (64 x 16, registers) B (16 x N, shared, K-major); acc = 0 overwrites D. */
+template <int N, typename T> FS_DEV_T void wgmma_rs_kmajor(float d[N / 2], const uint32_t a[4], uint64_t db, int acc);
+
+/* Operand lists: "+f" accumulators d[i .. i + 7] and d[i .. i + 31]; register names %0 .. %127, 16 a row (an asm
+ * template cannot count) */
+#define FS_D8(i) \
+    "+f"(d[i]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define FS_D32(i) FS_D8(i), FS_D8((i) + 8), FS_D8((i) + 16), FS_D8((i) + 24)
+#define FS_R0 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define FS_R16 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FS_R32 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define FS_R48 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FS_R64 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
+#define FS_R80 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define FS_R96 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111"
+#define FS_R112 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+
+/* One definition per shape: REGS names the N / 2 accumulators, the operands after them are named explicitly */
+#define FS_WGMMA_SS(N, TY, TN, REGS, DA, DB, ACC, ...) \
+template <> FS_DEV_T void wgmma_ss<N, TY>(float d[N / 2], uint64_t da, uint64_t db, int acc) \
+{ \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TN "." TN " {" REGS "}, " DA ", " DB ", p, 1, 1, 0, 0;\n}\n" \
+                 : __VA_ARGS__ : "l"(da), "l"(db), "r"(acc)); \
+}
+#define FS_WGMMA_RS(N, TY, TN, REGS, A, DB, ...) \
+template <> FS_DEV_T void wgmma_rs<N, TY>(float d[N / 2], const uint32_t a[4], uint64_t db) \
+{ \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TN "." TN " {" REGS "}, {" A "}, " DB ", p, 1, 1, 1;\n}\n" \
+                 : __VA_ARGS__ : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)); \
+}
+#define FS_WGMMA_RSK(N, TY, TN, REGS, A, DB, ACC, ...) \
+template <> FS_DEV_T void wgmma_rs_kmajor<N, TY>(float d[N / 2], const uint32_t a[4], uint64_t db, int acc) \
+{ \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TN "." TN " {" REGS "}, {" A "}, " DB ", p, 1, 1, 0;\n}\n" \
+                 : __VA_ARGS__ : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)); \
+}
+/* the shapes the kernels use, for fp16 and bf16 (TN: the PTX type name) */
+#define FS_WGMMA_SHAPES(TY, TN) \
+    FS_WGMMA_SS(64, TY, TN, FS_R0 ", " FS_R16, "%32", "%33", "%34", FS_D32(0)) \
+    FS_WGMMA_SS(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64", "%65", "%66", FS_D32(0), FS_D32(32)) \
+    FS_WGMMA_SS(160, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64, "%80", "%81", "%82", FS_D32(0), FS_D32(32), FS_D8(64), FS_D8(72)) \
+    FS_WGMMA_SS(192, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64 ", " FS_R80, "%96", "%97", "%98", FS_D32(0), FS_D32(32), FS_D32(64)) \
+    FS_WGMMA_SS(256, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64 ", " FS_R80 ", " FS_R96 ", " FS_R112, "%128", "%129", "%130", FS_D32(0), FS_D32(32), FS_D32(64), FS_D32(96)) \
+    FS_WGMMA_RS(64, TY, TN, FS_R0 ", " FS_R16, "%32, %33, %34, %35", "%36", FS_D32(0)) \
+    FS_WGMMA_RS(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64, %65, %66, %67", "%68", FS_D32(0), FS_D32(32)) \
+    FS_WGMMA_RSK(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64, %65, %66, %67", "%68", "%69", FS_D32(0), FS_D32(32))
+FS_WGMMA_SHAPES(__half, "f16")
+FS_WGMMA_SHAPES(__nv_bfloat16, "bf16")
+#endif
+
+#endif

@@ -1,0 +1,457 @@
+/* GEMM with bias / activation / SwiGLU epilogues for Hopper (sm_90a): TMA loads into a shared-memory ring
+ * completed on mbarriers, one producer warpgroup and two consumer warpgroups (setmaxnreg), wgmma with both
+ * operands in shared memory, a persistent grid walking output tiles in grouped order.
+ * y = act(x W^T + bias) or silu(x Wg^T) * (x Wu^T), fp16/bf16 in, fp32 accumulation.
+ *
+ * Build: part of the extension when the architecture list holds 90a (CMakeLists.txt); alone:
+ *   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -c kernels/gemm_sm90.cu
+ * Run:   bash benchmarks/gpu_check.sh
+ *
+ * A block owns one BM x BN output tile at a time (BM = 128: 64 rows per consumer warpgroup, the M of one
+ * wgmma). Per K step of BK = 64 columns (one 128-byte swizzled row per tile row, as TMA writes it):
+ *   producer   wait empty[s]; expect (BM + BN) BK 2 bytes on full[s]; TMA X[m0.., k0..] and W[n0.., k0..]
+ *   consumers  wait full[s]; 4 x wgmma m64 n(BN) k16; commit; wait until the previous step's group is done
+ *              and release its stage on empty[s - 1]
+ * TMA zero-fills rows past M and N and columns past K, so tails cost nothing in the main loop. The epilogue
+ * (gemm_epilogue.cuh) goes through a shared-memory staging tile and a TMA store, which drops rows and columns
+ * past M and N (outputs in another dtype than x, or rows TMA cannot address, take masked direct stores).
+ * SwiGLU: the W tile is BN/2 rows of Wg then the same rows of Wu (two TMA boxes), so accumulator i (gate) and
+ * i + BN/4 (up) sit in the same thread.
+ *
+ * History (H200 fp16, TF/s at M = 8192; torch/cuBLAS 587-687 on the issue's shapes):
+ *   v1  128 x 256 x 64 (128 x 128 when that fills more SMs), 4 / 6 stages, persistent, direct stores,
+ *       accumulators started from the bias                           500-597 (0.77-0.90x torch)
+ *   v2  ptxas serialised every wgmma of v1's bias variants (accumulators written by loads inside its
+ *       pipeline stage): accumulators start at 0, the bias comes from shared memory in the epilogue;
+ *       tile width 256 / 192 / 128 by rounds over the SMs             453-614 (0.77-0.93x torch)
+ *       Tried and dropped: 2-CTA clusters with the W tile multicast (each CTA loading half): 384-455,
+ *       0.63-0.69x torch, slower on every shape (cause not found in the time left).
+ *   v3  the epilogue through shared memory: each consumer warpgroup writes its 64 x OUT_BN outputs into a
+ *       swizzled staging tile and one thread stores it with TMA, waited on only before the next tile's
+ *       epilogue, so the next tile's wgmmas start at once (ring stages: as many as fit beside the staging
+ *       tiles)                                                            523-649 (0.95-0.97x torch at
+ *       M = 8192 except fc1 0.91x; M = 256 / 1024 0.77 / 0.76x)
+ *   v3.1 the bias block's warpgroup barrier made unconditional: a bar.sync under a branch had ptxas keep the
+ *       main loop's stage, phase and descriptors out of the uniform registers (4 R2UR per wgmma)
+ *                                                                        0.94-1.00x torch at M = 8192
+ *       Tried and dropped: stream-K (the last partial round and one full round split by K over all blocks,
+ *       partial tiles handed over through fp32 global slots): fc2 797 against 659 us (blocks at different K
+ *       offsets no longer share X / W panels in L2), M = 256 41 against 32 us (the 128 KB hand-over per block)
+ *   v3.2 a 160-wide tile (direct stores: no whole 64-column boxes for TMA) where it saves a round of tiles:
+ *       M = 256, N = 10240 on 128 CTAs instead of 108 (192-wide): 33.1 -> 28.7 us (0.83 -> 0.91x torch);
+ *       M = 1024: 104.9 -> 99.4 us (0.82 -> 0.85x)
+ *   v3.3 gelu / gelu_tanh / silu in 14 / 8 / 6 instructions (gemm_epilogue.cuh; erff alone was ~27, silu's IEEE
+ *       division ~10), and with TMA stores applied by the producer warpgroup's three idle warps in the staging
+ *       tiles, which they then store, so the consumers start the next tile at once: fc1 GELU 824 -> 734 us,
+ *       SwiGLU 214 -> 182 us (1.13 -> 1.37x torch)
+ *   v3.4 each epilogue chunk loads its bias before its stores: the compiler cannot hoist a shared-memory load
+ *       above a store it might alias, so a load per output pair serialised the epilogue (a K sweep put the cost
+ *       per tile at 2.4 us against cuBLAS's 1.1 with the same per-K cost; 0 with the epilogue left out); now
+ *       1.6 us                                                           0.98-1.02x torch at M = 8192 (T5 wi
+ *       0.91 -> 1.02x); fc1 GELU 1.19x F.linear + F.gelu, 1.04x _addmm_activation; M = 256 / 1024 0.91 / 0.86x
+ *   v3.5 (H100 from here) the 160-wide tile's direct stores cost ~4 us more per tile than a TMA store (a K fit over
+ *       one-round launches): it now stages too, in 32-column boxes with the 64-byte swizzle; the width is chosen by
+ *       rounds x (BN x K steps + 512), fitted to every width measured at M = 256 ... 2048; with one tile per CTA the
+ *       consumers apply the activation (31.9 -> 29.6 us, M = 256 GELU)   M = 256 0.90 -> 0.99x, M = 1024 0.83 -> 0.99x
+ *   v3.6 the bias comes with the tile's first K step (a bulk copy on that stage's full barrier) and is widened to
+ *       float after the main loop, instead of a global load the consumers waited on before it; the consumer
+ *       warpgroup index through redux.sync (the A descriptors and barrier addresses back in uniform registers, no
+ *       R2UR beside the wgmmas); tensor maps prefetched. Three builds alternated on the H100: with bias 1-5% faster
+ *       on every shape (T5 wi + ReLU 477 -> 467 us, M = 1024 + ReLU 93.4 -> 88.7), plain level or faster
+ *       Tried and dropped: the bias held in registers across the main loop (T5 wi plain +5%, bias +4%); a widened
+ *       reader of the raw bias in the epilogue (three LDS variants per pair: T5 wi plain +5%)
+ */
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "gemm/launchers.h"
+#include "gemm/epilogue.cuh"
+#include "common/launch.cuh"
+#include "common/tma.cuh"
+
+/* ---- tile configuration, one place ---- */
+#define BM 128
+#define BK 64
+#define THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
+#define SMEM_MAX 232448 /* shared memory a Hopper block may opt in to (227 KiB) */
+/* Per tile width BN: the output staging tiles (64 x OUT_BN per consumer warpgroup, stored by TMA in boxes of BOX
+ * columns: 64 with the 128-byte swizzle, or 32 with the 64-byte one where OUT_BN is no multiple of 64), the
+ * bias (two buffers of OUT_BN values as copied, of up to 4 bytes, and one of floats per consumer warpgroup), its and the
+ * staging tiles' barriers and alignment slack, then as many
+ * ring stages (X and W tiles, full and empty barriers) as fit, at most 6: BN = 256 takes 3, 192 takes 4, 160 5,
+ * 128 5 (SwiGLU 3, 4, -, 6). */
+template <int BN, bool SWIGLU> struct fs_gemm90_tile {
+    enum { OUT_BN = SWIGLU ? BN / 2 : BN, BOX = OUT_BN % 64 == 0 ? 64 : 32,
+           FIXED = 2 * 64 * OUT_BN * 2 + 4 * OUT_BN * 4 + 6 * 8 + 1024,
+           STAGE_BYTES = (BM + BN) * BK * 2 + 16,
+           STAGES = (SMEM_MAX - FIXED) / STAGE_BYTES < 6 ? (SMEM_MAX - FIXED) / STAGE_BYTES : 6,
+           SMEM = STAGES * STAGE_BYTES + FIXED };
+    static_assert(OUT_BN % 32 == 0, "the staging tile is stored in boxes of 32 or 64 columns");
+};
+
+typedef struct {
+    fs_gemm_params p;
+    int tiles_m, tiles_n, tiles;
+    int tma_store; /* the output goes out through shared memory and TMA (same dtype as x, 16-byte aligned rows) */
+    int act_warps; /* with tma_store: the producer warpgroup's warps 1-3 apply the activation in the staging tiles */
+} fs_gemm90_args;
+
+#ifdef FS_WGMMA
+/* Named barrier 1 + cw: the 128 threads of consumer warpgroup cw. */
+FS_DEV void warpgroup_sync(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cw) : "memory"); }
+/* Named barrier 3: the producer warpgroup's three activation warps. */
+FS_DEV void act_warps_sync() { asm volatile("bar.sync 3, 96;\n" ::: "memory"); }
+#endif
+
+
+/* Walk a consumer warpgroup's accumulators (NA per thread) as output column pairs: sink(h, j, v0, v1, u0, u1)
+ * gets the pair at row + 8 h, column + 8 j of this thread, bias added (bias: the tile's OUT_BN bias values as
+ * float in shared memory from this thread's first column on, NULL: none; SwiGLU: u0, u1 the up projection). In
+ * chunks of CHUNK pairs, each chunk's bias loaded
+ * before its stores: the compiler cannot move a shared-memory load above a shared-memory store it might alias,
+ * so a load per pair between the stores serialised the epilogue on the load latency (2.4 us per 128 x 256 tile,
+ * measured); the chunks are fenced from each other so that not every bias load is hoisted (that would spill the
+ * accumulators). */
+template <int NA, bool SWIGLU, typename SINK> FS_DEV void epilogue_pairs90(const float (&acc)[NA], const float *bias, SINK sink)
+{
+    constexpr int PAIRS = SWIGLU ? NA / 4 : NA / 2, CHUNK = 8; /* output column pairs per thread */
+#pragma unroll
+    for (int c = 0; c < PAIRS; c += CHUNK) {
+        asm volatile("" ::: "memory");
+        float2 b[CHUNK];
+#pragma unroll
+        for (int q = 0; q < CHUNK; q++)
+            b[q] = bias ? *reinterpret_cast<const float2 *>(bias + 8 * ((2 * (c + q)) / 4)) : make_float2(0.f, 0.f);
+#pragma unroll
+        for (int q = c; q < c + CHUNK; q++) {
+            const int i = 2 * q, j = i / 4, h = (i / 2) % 2;
+            sink(h, j, acc[i] + b[q - c].x, acc[i + 1] + b[q - c].y, SWIGLU ? acc[i + NA / 2] : 0.f, SWIGLU ? acc[i + NA / 2 + 1] : 0.f);
+        }
+    }
+}
+
+/* Store the accumulators from row0 / col0 of this thread straight to y. */
+template <int NA, bool SWIGLU> struct epilogue90 {
+    template <fs_activation ACT>
+    FS_DEV void run(const fs_gemm_params &p, const float (&acc)[NA], int row0, int col0, const float *bias)
+    {
+        epilogue_pairs90<NA, SWIGLU>(acc, bias, [&](int h, int j, float v0, float v1, float u0, float u1) {
+            gemm_store_pair<SWIGLU, ACT>(p, row0 + 8 * h, col0 + 8 * j, v0, v1, u0, u1);
+        });
+    }
+};
+
+/* The same values written to a consumer warpgroup's staging tile for a TMA store: 64 rows x OUT_BN columns of T
+ * in boxes of BOX columns, as TMA's swizzles lay them out: BOX = 64, 128-byte rows, 16-byte chunk k of row r at
+ * k ^ (r % 8); BOX = 32, 64-byte rows, chunk k at k ^ (r / 2 % 4). This thread's rows are 16 warp + g (+ 8), so
+ * either way a warp's 4-byte stores hit 32 distinct banks. */
+template <int NA, bool SWIGLU, typename T, int BOX> struct stage90 {
+    template <fs_activation ACT>
+    FS_DEV void run(const float (&acc)[NA], int warp, int g, int t4, const float *bias, unsigned char *tile)
+    {
+        constexpr int CHUNKS = BOX / 8; /* 16-byte chunks per staging row */
+        const int swizzle = BOX == 64 ? g : g >> 1;
+        epilogue_pairs90<NA, SWIGLU>(acc, bias, [&](int h, int j, float v0, float v1, float u0, float u1) {
+            const float2 v = gemm_finish_pair<SWIGLU, ACT>(v0, v1, u0, u1);
+            const int r = warp * 16 + g + 8 * h;
+            *reinterpret_cast<uint32_t *>(tile + (j / CHUNKS) * (64 * BOX * 2) + r * (BOX * 2) + (((j % CHUNKS) ^ swizzle) << 4) +
+                                          4 * t4) = pack2<T>(v.x, v.y);
+        });
+    }
+};
+
+/* The activation applied in place to a staging tile (64 x OUT_BN values of T already holding x W^T + bias) by the
+ * three activation warps, thread i taking 16-byte chunks i, i + 96, ...; the order of the values does not matter,
+ * so the swizzle does not either. */
+template <int OUT_BN, typename T> struct activate_tile90 {
+    template <fs_activation ACT> FS_DEV void run(unsigned char *tile, int i)
+    {
+#pragma unroll 2
+        for (int c = i; c < 64 * OUT_BN / 8; c += 96) {
+            uint4 *chunk = reinterpret_cast<uint4 *>(tile) + c;
+            uint4 v = *chunk;
+            uint32_t *w = reinterpret_cast<uint32_t *>(&v);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float2 f = unpack2<T>(w[k]);
+                w[k] = pack2<T>(gemm_activate<ACT>(f.x), gemm_activate<ACT>(f.y));
+            }
+            *chunk = v;
+        }
+    }
+};
+
+/* A consumer warpgroup's staging tile (rows tm BM + 64 cw.., columns tn OUT_BN..) out to y, one TMA box per BOX
+ * columns, in one bulk group of the calling thread. */
+#ifdef FS_WGMMA
+template <int OUT_BN, int BOX>
+FS_DEV void store_staging90(const CUtensorMap *map_y, const unsigned char *tile, int tm, int tn, int cw)
+{
+    for (int b = 0; b < OUT_BN / BOX; b++) tma_store_2d(map_y, tile + b * (64 * BOX * 2), tn * OUT_BN + BOX * b, tm * BM + cw * 64);
+    bulk_commit();
+}
+#endif
+
+template <int BN, typename T, bool SWIGLU>
+__global__ void __launch_bounds__(THREADS, 1)
+gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
+          const __grid_constant__ CUtensorMap map_w2, const __grid_constant__ CUtensorMap map_y, const fs_gemm90_args a)
+{
+#ifdef FS_WGMMA
+    constexpr int STAGES = fs_gemm90_tile<BN, SWIGLU>::STAGES, OUT_BN = SWIGLU ? BN / 2 : BN, NA = BN / 2,
+                  BOX = fs_gemm90_tile<BN, SWIGLU>::BOX;
+    extern __shared__ unsigned char smem_raw[];
+    /* TMA's 128-byte swizzle and the wgmma descriptors address 1024-byte atoms: align the base */
+    T *sA = reinterpret_cast<T *>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+    T *sB = sA + STAGES * BM * BK, *sC = sB + STAGES * BN * BK; /* sC: a 64 x OUT_BN staging tile per consumer warpgroup */
+    /* a tile's bias: OUT_BN values of the bias dtype in the buffer of the tile's parity, copied by the producer with
+     * the tile's first K step (completing on that stage's full barrier) and released on bias_empty by every consumer
+     * thread once it has widened its share into its warpgroup's float buffer (sBiasF, [consumer warpgroup][OUT_BN]) */
+    unsigned char *sBias = reinterpret_cast<unsigned char *>(sC + 2 * 64 * OUT_BN);
+    float *sBiasF = reinterpret_cast<float *>(sBias + 2 * OUT_BN * 4);
+    uint64_t *full = reinterpret_cast<uint64_t *>(sBiasF + 2 * OUT_BN), *empty = full + STAGES, *bias_empty = empty + STAGES;
+    /* with act_warps, per consumer warpgroup: its staging tile written (each of its threads arrives) / stored (each
+     * activation thread arrives, the one issuing the TMA store once the store has read the tile) */
+    uint64_t *staged = bias_empty + 2, *stored = staged + 2;
+    const fs_gemm_params &p = a.p;
+    const int wg = threadIdx.x >> 7, nk = (p.K + BK - 1) / BK;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 8); /* lane 0 of each consumer warp */
+        }
+        for (int c = 0; c < 2; c++) {
+            mbar_init(&bias_empty[c], 256);
+            mbar_init(&staged[c], 128);
+            mbar_init(&stored[c], 96);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) { /* producer: one thread issues every TMA load */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (threadIdx.x == 0) {
+            tma_prefetch_map(&map_x);
+            tma_prefetch_map(&map_w);
+            tma_prefetch_map(&map_w2);
+            tma_prefetch_map(&map_y);
+            int s = 0, phase = 0, i = 0;
+            const int bias_size = p.bias_dtype == FS_F32 ? 4 : 2;
+            for (int t = blockIdx.x; t < a.tiles; t += gridDim.x, i++) {
+                int tm, tn;
+                gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
+                /* the W tile in two boxes of BN / 2 rows (SwiGLU: the gate rows, then the same rows of the up weight) */
+                const CUtensorMap *wmap1 = SWIGLU ? &map_w2 : &map_w;
+                const int wrow0 = SWIGLU ? tn * OUT_BN : tn * BN, wrow1 = SWIGLU ? wrow0 : wrow0 + BN / 2;
+                /* the tile's bias columns that exist (N is a multiple of 8: whole 16-byte chunks) */
+                const uint32_t bias_bytes = !SWIGLU && p.bias ? min(OUT_BN, p.N - tn * OUT_BN) * bias_size : 0;
+                for (int kt = 0; kt < nk; kt++) {
+                    mbar_wait(&empty[s], phase ^ 1);
+                    if (kt == 0 && bias_bytes) mbar_wait(&bias_empty[i & 1], ((i >> 1) & 1) ^ 1);
+                    mbar_expect_tx(&full[s], (BM + BN) * BK * 2 + (kt == 0 ? bias_bytes : 0));
+                    tma_load_2d(sA + s * BM * BK, &map_x, kt * BK, tm * BM, &full[s]);
+                    tma_load_2d(sB + s * BN * BK, &map_w, kt * BK, wrow0, &full[s]);
+                    tma_load_2d(sB + s * BN * BK + (BN / 2) * BK, wmap1, kt * BK, wrow1, &full[s]);
+                    if (kt == 0 && bias_bytes)
+                        bulk_load(sBias + (i & 1) * OUT_BN * 4, static_cast<const unsigned char *>(p.bias) + (size_t)tn * OUT_BN * bias_size,
+                                  bias_bytes, &full[s]);
+                    if (++s == STAGES) { s = 0; phase ^= 1; }
+                }
+            }
+        } else if (!SWIGLU && a.act_warps && threadIdx.x >= 32) {
+            /* activation warps 1-3: for each tile and consumer warpgroup cw, once cw has staged x W^T + bias, apply
+             * the activation there and store the tile with TMA, while the consumers run the next tile's wgmmas */
+            const int i = threadIdx.x - 32;
+            int parity = 0;
+            for (int t = blockIdx.x; t < a.tiles; t += gridDim.x, parity ^= 1) {
+                int tm, tn;
+                gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
+                for (int cw = 0; cw < 2; cw++) {
+                    unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
+                    mbar_wait(&staged[cw], parity);
+                    gemm_epilogue_dispatch<activate_tile90<OUT_BN, T>>(p.act, tile, i);
+                    fence_proxy_async();
+                    act_warps_sync();
+                    if (i == 0) {
+                        store_staging90<OUT_BN, BOX>(&map_y, tile, tm, tn, cw);
+                        bulk_wait_read();
+                    }
+                    mbar_arrive(&stored[cw]);
+                }
+            }
+            if (i == 0) bulk_wait(); /* the last stores done before the block exits */
+        }
+    } else { /* consumers */
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int cw = __reduce_max_sync(0xffffffffu, wg - 1), warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+        int s = 0, phase = 0, tile_count = 0;
+        const bool act_warps = !SWIGLU && a.act_warps;
+        for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
+            int tm, tn;
+            gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
+            const int row0 = tm * BM + cw * 64 + warp * 16 + g, col0 = tn * OUT_BN + 2 * t4;
+            /* this tile's bias lands with its first K step (the full barrier waited on below); widened after the
+             * main loop */
+            const int parity = tile_count & 1;
+            float *bias = !SWIGLU && p.bias ? sBiasF + cw * OUT_BN : nullptr;
+            /* a warpgroup barrier per tile, unconditional (a bar.sync under a branch pushes the main loop's stage,
+             * phase and wgmma descriptors out of the uniform registers: 4 R2UR moves per wgmma); it also keeps the
+             * warpgroup's float bias buffer from being rewritten while a thread still reads the previous tile's */
+            warpgroup_sync(cw);
+            tile_count++;
+            /* accumulator i sits at row row0 + 8 ((i / 2) % 2), column col0 + 8 (i / 4) + i % 2 */
+            float acc[NA];
+#pragma unroll
+            for (int i = 0; i < NA; i++) acc[i] = 0.f;
+            int prev = -1;
+            for (int kt = 0; kt < nk; kt++) {
+                mbar_wait(&full[s], phase);
+                const uint32_t a_addr = smem_addr(sA + s * BM * BK) + cw * 64 * 128, b_addr = smem_addr(sB + s * BN * BK);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; kk++)
+                    wgmma_ss<BN, T>(acc, desc_sw128(a_addr + 32 * kk, 16, 1024), desc_sw128(b_addr + 32 * kk, 16, 1024), 1);
+                wgmma_commit();
+                wgmma_wait<1>(); /* the previous step's group is done: its stage may be refilled */
+                if (prev >= 0 && lane == 0) mbar_arrive(&empty[prev]);
+                prev = s;
+                if (++s == STAGES) { s = 0; phase ^= 1; }
+            }
+            wgmma_wait<0>();
+            if (lane == 0) mbar_arrive(&empty[prev]);
+            if (bias) { /* widen this thread's share of the bias and release the copy */
+                const unsigned char *raw = sBias + parity * OUT_BN * 4;
+#pragma unroll
+                for (int c = threadIdx.x & 127; c < OUT_BN; c += 128) bias[c] = gemm_bias_value(raw, p.bias_dtype, c);
+                mbar_arrive(&bias_empty[parity]);
+            }
+            const bool leader = (threadIdx.x & 127) == 0;
+            if (!act_warps && a.tma_store && leader) bulk_wait_read(); /* the staging tile's previous store has read it */
+            warpgroup_sync(cw); /* the float bias written; unconditional, as above */
+            if (act_warps) {
+                /* the staging tile once the activation warps have stored the previous one; x W^T + bias into it, for
+                 * them to finish and store */
+                unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
+                mbar_wait(&stored[cw], tile_count & 1); /* parity 1 on the first tile: passes */
+                stage90<NA, false, T, BOX>::template run<FS_ACT_NONE>(acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile);
+                mbar_arrive(&staged[cw]);
+            } else if (a.tma_store) {
+                /* through the warpgroup's staging tile (its previous TMA store has read it: above): fill it, make the
+                 * writes visible to the async proxy, and one thread stores its boxes (waited on a tile later) */
+                unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
+                if (SWIGLU) stage90<NA, true, T, BOX>::template run<FS_ACT_SILU>(acc, warp, g, t4, nullptr, tile);
+                else gemm_epilogue_dispatch<stage90<NA, false, T, BOX>>(p.act, acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile);
+                fence_proxy_async();
+                warpgroup_sync(cw);
+                if (leader) store_staging90<OUT_BN, BOX>(&map_y, tile, tm, tn, cw);
+            } else if (SWIGLU) {
+                epilogue90<NA, true>::template run<FS_ACT_SILU>(p, acc, row0, col0, nullptr);
+            } else {
+                gemm_epilogue_dispatch<epilogue90<NA, false>>(p.act, p, acc, row0, col0, bias ? bias + 2 * t4 : nullptr);
+            }
+        }
+        if (a.tma_store && !act_warps && (threadIdx.x & 127) == 0)
+            bulk_wait(); /* the last stores done before the block exits */
+    }
+#endif
+}
+
+/* ---- host: tensor maps and launch ---- */
+
+/* A 2-D tensor map over rows x cols elements (row stride ld), read or written in boxes of box_rows x box_cols
+ * (64: 128-byte swizzle, 32: 64-byte swizzle). */
+static cudaError_t make_map(CUtensorMap *map, const void *base, fs_dtype dt, int rows, int cols, int64_t ld, int box_rows,
+                            int box_cols)
+{
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
+    const cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows};
+    return fs_make_tensor_map(map, base, dt == FS_BF16, 2, dims, strides, box);
+}
+
+template <int BN, typename T, bool SWIGLU>
+static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan)
+{
+    constexpr int SMEM = fs_gemm90_tile<BN, SWIGLU>::SMEM, OUT_BN = SWIGLU ? BN / 2 : BN;
+    static fs_kernel handle;
+    const void *kernel = (const void *)gemm_sm90<BN, T, SWIGLU>;
+    fs_gemm90_args a;
+    a.p = *p;
+    a.tiles_m = (p->M + BM - 1) / BM;
+    a.tiles_n = (p->N + OUT_BN - 1) / OUT_BN;
+    const long long tiles = (long long)a.tiles_m * a.tiles_n;
+    if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    a.tiles = (int)tiles;
+    a.tma_store = p->out_dtype == p->dtype && (uintptr_t)p->y % 16 == 0 && p->ldy % 8 == 0;
+    /* ReLU costs one instruction per value: the consumers apply it; the others move to the producer warpgroup */
+    const int grid = tiles < sm_count ? (int)tiles : sm_count;
+    /* with one tile per CTA there is no next tile to overlap, and the consumers' eight warps finish sooner than three
+     * (M = 256, N = 10240, GELU: 31.9 -> 29.6 us on an H100) */
+    a.act_warps = a.tma_store && !SWIGLU && tiles > grid &&
+                  (p->act == FS_ACT_GELU || p->act == FS_ACT_GELU_TANH || p->act == FS_ACT_SILU);
+    if (plan) {
+        *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN, SWIGLU>::STAGES, THREADS, SMEM, grid, tiles};
+        return cudaSuccess;
+    }
+    CUtensorMap mx, mw, mw2, my;
+    cudaError_t err = make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM, BK);
+    if (err == cudaSuccess) err = make_map(&mw, p->w, p->dtype, p->N, p->K, p->ldw, BN / 2, BK);
+    if (err == cudaSuccess) err = SWIGLU ? make_map(&mw2, p->w2, p->dtype, p->N, p->K, p->ldw2, BN / 2, BK) : (mw2 = mw, cudaSuccess);
+    if (err == cudaSuccess)
+        err = a.tma_store ? make_map(&my, p->y, p->dtype, p->M, p->N, p->ldy, 64, fs_gemm90_tile<BN, SWIGLU>::BOX) : (my = mx, cudaSuccess);
+    if (err == cudaSuccess) err = fs_kernel_prepare(kernel, &handle, SMEM, device);
+    if (err != cudaSuccess) return err;
+    void *args[] = {&mx, &mw, &mw2, &my, &a};
+    return fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
+}
+
+/* The tile width (256, 192, 160 or 128 W rows; SwiGLU not 160) with the least time per CTA: rounds of tiles over
+ * the SMs times a tile's time, BN columns per K step of 64 plus a per-tile cost worth 512 such column-steps
+ * (H100, K = 2560: a round of 128 x BN tiles took 0.0285 us per column-step and about 1.5 us more; each round
+ * measured for every width at M = 256 ... 2048); ties go to the wider tile. tile_n, when nonzero, is taken
+ * instead (tests and benchmarks; SwiGLU ignores 160). */
+template <typename T, bool SWIGLU>
+static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_count, int tile_n, cudaStream_t stream,
+                                fs_gemm_plan *plan)
+{
+    static const int widths[4] = {256, 192, 160, 128};
+    int best = 0;
+    long long best_cost = 0;
+    for (int i = 0; i < 4; i++) {
+        if (SWIGLU && widths[i] == 160) continue;
+        const int out_bn = SWIGLU ? widths[i] / 2 : widths[i];
+        const long long tiles = (long long)((p->M + BM - 1) / BM) * ((p->N + out_bn - 1) / out_bn);
+        const long long cost = (tiles + sm_count - 1) / sm_count * ((long long)widths[i] * ((p->K + BK - 1) / BK) + 512);
+        if (i == 0 || cost < best_cost) {
+            best = i;
+            best_cost = cost;
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        if (tile_n == widths[i] && !(SWIGLU && tile_n == 160)) best = i;
+    if (best == 2 && !SWIGLU) return launch<160, T, false>(p, device, sm_count, stream, plan);
+    return best == 0 ? launch<256, T, SWIGLU>(p, device, sm_count, stream, plan)
+         : best == 1 ? launch<192, T, SWIGLU>(p, device, sm_count, stream, plan)
+                     : launch<128, T, SWIGLU>(p, device, sm_count, stream, plan);
+}
+
+extern "C" int fs_gemm_sm90_built(void)
+{
+#ifdef FLASHSCI_SM90A
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+extern "C" cudaError_t fs_gemm_sm90(const fs_gemm_params *p, int device, int sm_count, int tile_n, cudaStream_t stream,
+                                    fs_gemm_plan *plan)
+{
+    if (p->dtype == FS_F16)
+        return p->swiglu ? launch_tiles<__half, true>(p, device, sm_count, tile_n, stream, plan)
+                         : launch_tiles<__half, false>(p, device, sm_count, tile_n, stream, plan);
+    return p->swiglu ? launch_tiles<__nv_bfloat16, true>(p, device, sm_count, tile_n, stream, plan)
+                     : launch_tiles<__nv_bfloat16, false>(p, device, sm_count, tile_n, stream, plan);
+}
