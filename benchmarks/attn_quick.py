@@ -14,7 +14,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashsci
-from flashsci.bench import _median_event_time_us, _with_backend, attention_input_sets, graph_kernel_times_us
+from flashsci.bench.timing import attention_input_sets, graph_kernel_times_us, median_event_time_us, with_backend
 
 F = torch.nn.functional
 CONFIGS = [(8, 40, 1024, 64, False), (8, 18, 1024, 64, False), (8, 32, 1024, 128, False), (16, 32, 1024, 64, False),
@@ -26,7 +26,7 @@ CONFIGS = [(8, 40, 1024, 64, False), (8, 18, 1024, 64, False), (8, 32, 1024, 128
 def time_us(fn, reps=20):
     for _ in range(3):
         fn()
-    return _median_event_time_us(torch, fn, 1, iters=reps)
+    return median_event_time_us(torch, fn, 1, iters=reps)
 
 
 def main():
@@ -55,7 +55,7 @@ def main():
         if gqa:
             inputs = [(q, k[:, :args.kv_heads].contiguous(), v[:, :args.kv_heads].contiguous()) for q, k, v in inputs]
         fs = lambda q, k, v: flashsci.attention(q, k, v, causal=causal, rotary=args.rotary)
-        cudnn = _with_backend(sdpa_kernel, SDPBackend.CUDNN_ATTENTION,
+        cudnn = with_backend(sdpa_kernel, SDPBackend.CUDNN_ATTENTION,
                               lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa))
         times = graph_kernel_times_us(torch, {"fs": fs, "cudnn": cudnn}, inputs, optional=("cudnn",))
         name = f"{b}x{h}x{sq}{'' if sq == sk else f':{sk}'}x{d}" + (f" kv{args.kv_heads}" if gqa else "") + (" causal" if causal else "")

@@ -8,8 +8,9 @@ import argparse
 import torch
 
 import flashsci
-from flashsci.bench import graph_kernel_times_us
-from flashsci.bench_features import read_lengths, varlen_batches
+from flashsci.bench.timing import graph_kernel_times_us
+from flashsci.bench.features import varlen_batches
+from flashsci.bench.proteins import read_lengths
 
 
 def main():

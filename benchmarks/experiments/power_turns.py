@@ -15,7 +15,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashsci
-from flashsci.bench import _capture, _with_backend, attention_input_sets
+from flashsci.bench.timing import attention_input_sets, capture_graph, with_backend
 
 F = torch.nn.functional
 
@@ -80,7 +80,7 @@ def main():
     b, h, s, d = (int(x) for x in args.shape.split(","))
     inputs = attention_input_sets(torch, b, h, s, d, torch.float16)
     sdpa = F.scaled_dot_product_attention
-    backend = lambda be: _with_backend(sdpa_kernel, be, sdpa)
+    backend = lambda be: with_backend(sdpa_kernel, be, sdpa)
     fns = {"flashsci": lambda q, k, v: flashsci.attention(q, k, v)}
     if args.mix == "all":
         fns.update({"sdpa": sdpa, "flash": backend(SDPBackend.FLASH_ATTENTION), "cudnn": backend(SDPBackend.CUDNN_ATTENTION),
@@ -90,7 +90,7 @@ def main():
     if args.order:
         fns = {name: fns[name] for name in args.order.split(",")}
     calls = max(len(inputs), 20)
-    graphs = {name: _capture(torch, fn, inputs, calls) for name, fn in fns.items()}
+    graphs = {name: capture_graph(torch, fn, inputs, calls) for name, fn in fns.items()}
     nvml = Nvml()
     rows = {name: [] for name in fns}
     for _ in range(args.rounds):

@@ -7,7 +7,7 @@ four taking turns.
 import torch
 
 import flashsci
-from flashsci.bench import graph_kernel_times_us
+from flashsci.bench.timing import graph_kernel_times_us
 
 
 def call(kw):

@@ -7,13 +7,13 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashsci
-from flashsci.bench import _with_backend
+from flashsci.bench.timing import with_backend
 
 F = torch.nn.functional
 shapes = [(2, 16, 8192, 128), (1, 16, 16384, 128)]
 inputs = [tuple(torch.randn(*s, device="cuda", dtype=torch.float16) for _ in range(3)) for s in shapes]
 
-cudnn = _with_backend(sdpa_kernel, SDPBackend.CUDNN_ATTENTION, F.scaled_dot_product_attention)
+cudnn = with_backend(sdpa_kernel, SDPBackend.CUDNN_ATTENTION, F.scaled_dot_product_attention)
 
 outs = [torch.empty_like(q) for q, _, _ in inputs]
 for _ in range(2):

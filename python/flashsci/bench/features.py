@@ -10,55 +10,15 @@
   k, SDPA), and vs flashsci without rotary.
 Kernel times by CUDA-graph replay (median), one run, one GPU.
 """
-import gzip
 import itertools
-import os
 import random
 import statistics
 import time
 
 import flashsci
-from flashsci.bench import _slug, _write_results, graph_kernel_time_us, paired_kernel_times_us
-
-TOKENS = 16384
-FASTA = ["data/uniprot20k.fasta.gz", "../shared/data/uniprot20k.fasta.gz", "/usr/share/mmseqs2/examples/uniprot20k.fasta.gz"]
-
-
-def read_fasta(path=None):
-    """(path, sequences) of every record in a (gzipped) FASTA file, in file order."""
-    path = path or next((p for p in FASTA if os.path.exists(p)), None)
-    if path is None:
-        raise FileNotFoundError(f"uniprot20k.fasta.gz not found in {FASTA}; pass --fasta")
-    seqs, parts = [], None
-    with gzip.open(path, "rt") as f:
-        for line in f:
-            if line.startswith(">"):
-                if parts is not None:
-                    seqs.append("".join(parts))
-                parts = []
-            elif parts is not None:
-                parts.append(line.strip())
-    if parts is not None:
-        seqs.append("".join(parts))
-    return path, seqs
-
-
-def read_lengths(path=None):
-    """(path, residue counts) of every record in a (gzipped) FASTA file."""
-    path, seqs = read_fasta(path)
-    return path, [len(s) for s in seqs]
-
-
-def token_batches(lengths, budget=TOKENS):
-    """Greedy batches in the given order whose padded size (count x longest) stays within budget."""
-    batches, cur = [], []
-    for n in lengths:
-        if cur and (len(cur) + 1) * max(max(cur), n) > budget:
-            batches.append(cur)
-            cur = []
-        cur.append(n)
-    return batches + ([cur] if cur else [])
-
+from flashsci.bench.proteins import TOKENS, read_lengths, token_batches
+from flashsci.bench.results import slug, write_plot, write_results
+from flashsci.bench.timing import graph_kernel_time_us, paired_kernel_times_us
 
 def _time(torch, fn, inputs):
     """Kernel time; capture-unfriendly functions fall back to events around back-to-back calls."""
@@ -156,7 +116,7 @@ def bench_t5(torch, dtype):
             "flashsci_nobias": lambda q, k, v: flashsci.attention(q, k, v, scale=1.0),
             "sdpa_bias": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0),
             "sdpa_nobias": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=1.0),
-        }, inputs)   # flashsci with the T5 bias in turns with each of the others (bench.paired_kernel_times_us)
+        }, inputs)   # flashsci with the T5 bias in turns with each of the others (timing.paired_kernel_times_us)
         t = {"flashsci_t5": statistics.median(t5 for t5, _ in pairs.values()), **{k: v for k, (_, v) in pairs.items()}}
         fl = 4.0 * b * h * s * s * d
         row = {"set": "t5", "B": b, "H": h, "S": s, "D": d, **{f"{k}_us": v for k, v in t.items()},
@@ -206,6 +166,7 @@ def bench_rotary(torch, dtype):
 
 
 def run_features(dtype_name, out_dir, fasta=None):
+    """The varlen, T5 and rotary rows; with out_dir, features_<GPU>_<dtype>.json/.md/.png."""
     import torch
     dtype = getattr(torch, dtype_name)
     props = torch.cuda.get_device_properties(0)
@@ -217,7 +178,12 @@ def run_features(dtype_name, out_dir, fasta=None):
     meta = {"gpu": props.name, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "dtype": dtype_name,
             "proteins": len(lengths), "fasta": os.path.basename(path), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     if out_dir:
-        _write_results(out_dir, f"features_{_slug(props.name)}_{dtype_name}", meta, rows, _markdown(rows, meta))
+        stem = f"features_{slug(props.name)}_{dtype_name}"
+        write_results(out_dir, stem, meta, rows, _markdown(rows, meta))
+        labels = [f"{r['set']} {r.get('batch', r.get('name', r['S']))}" for r in rows]
+        speedup = [r.get("speedup_vs_sdpa_mask", r.get("speedup_vs_sdpa_bias", r.get("speedup_vs_torch"))) for r in rows]
+        write_plot(out_dir, stem, f"protein options on {props.name}, {dtype_name}: speedup over torch (> 1: faster)",
+                   labels, {"flashsci / torch": speedup}, "torch time / flashsci time")
     return rows
 
 

@@ -1,5 +1,5 @@
 """Problems with fewer work items than SMs on a Hopper GPU: flashsci as dispatched (sm90_pays in
-kernels/attention_sm90.cu), flashsci forced onto the portable sm80 kernel, and SDPA's cuDNN backend, timed in turns
+kernels/attention/sm90/dispatch.cu), flashsci forced onto the portable sm80 kernel, and SDPA's cuDNN backend, timed in turns
 by CUDA-graph replay over input sets beyond L2 (as the recorded benchmark times). Writes a markdown table with the GPU
 name to --out (--shape B,H,S,D[,causal], repeatable: those shapes instead, printed only).
     python benchmarks/dispatch_small.py --out benchmarks/results"""
@@ -10,7 +10,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashsci
-from flashsci.bench import _slug, _with_backend, attention_input_sets, forced, graph_kernel_times_us
+from flashsci.bench.results import slug
+from flashsci.bench.timing import attention_input_sets, forced, graph_kernel_times_us, with_backend
 
 F = torch.nn.functional
 SHAPES = [(1, 1, 256, 128, False), (1, 1, 1024, 128, False), (1, 8, 2048, 128, False), (2, 8, 1024, 128, False),
@@ -37,7 +38,7 @@ def main():
     for b, h, s, d, causal in shapes:
         inputs = attention_input_sets(torch, b, h, s, d, torch.float16)
         fs = lambda q, k, v: flashsci.attention(q, k, v, causal=causal)
-        cudnn = _with_backend(sdpa_kernel, SDPBackend.CUDNN_ATTENTION,
+        cudnn = with_backend(sdpa_kernel, SDPBackend.CUDNN_ATTENTION,
                               lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
         t = graph_kernel_times_us(torch, {"fs": fs, "sm80": forced("sm80", fs), "cudnn": cudnn}, inputs)
         kernel = flashsci._flashsci._launch_plan(b, h, s, s, d, causal)["kernel"]
@@ -47,7 +48,7 @@ def main():
         print(lines[-1], flush=True)
         del inputs
     if args.out:
-        path = os.path.join(args.out, f"dispatch_small_{_slug(name)}_float16.md")
+        path = os.path.join(args.out, f"dispatch_small_{slug(name)}_float16.md")
         with open(path, "w") as f:
             f.write("\n".join(lines) + "\n")
         print("wrote", path)

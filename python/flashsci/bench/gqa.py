@@ -12,8 +12,8 @@ import math
 import time
 
 import flashsci
-from flashsci.bench import (_slug, _with_backend, _write_results, flops, forced, graph_kernel_times_us,
-                            paired_kernel_times_us)
+from flashsci.bench.results import slug, write_plot, write_results
+from flashsci.bench.timing import flops, forced, graph_kernel_times_us, paired_kernel_times_us, with_backend
 
 CONFIGS = [  # (B, H, Hkv, S, D)
     (16, 32, 8, 1024, 128), (4, 32, 8, 4096, 128), (4, 32, 4, 4096, 64), (16, 32, 1, 1024, 128), (1, 32, 8, 2048, 128),
@@ -46,9 +46,9 @@ def run_gqa(dtype_name, out_dir):
         torch_fns = {"sdpa gqa": lambda q, k, v, kr, vr: gqa(q, k, v)}
         for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
                          ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
-            one = _with_backend(sdpa_kernel, be, gqa)
+            one = with_backend(sdpa_kernel, be, gqa)
             torch_fns[f"{name} gqa"] = lambda q, k, v, kr, vr, one=one: one(q, k, v)
-        cudnn = _with_backend(sdpa_kernel, SDPBackend.CUDNN_ATTENTION,
+        cudnn = with_backend(sdpa_kernel, SDPBackend.CUDNN_ATTENTION,
                               lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
         torch_fns["cudnn repeated"] = lambda q, k, v, kr, vr: cudnn(q, kr, vr)
         pairs = paired_kernel_times_us(torch, fs, torch_fns, inputs, optional=tuple(torch_fns))
@@ -75,7 +75,11 @@ def run_gqa(dtype_name, out_dir):
     meta = {"gpu": props.name, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "dtype": dtype_name,
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     if out_dir:
-        _write_results(out_dir, f"gqa_{_slug(props.name)}_{dtype_name}", meta, rows, _markdown(rows, meta))
+        stem = f"gqa_{slug(props.name)}_{dtype_name}"
+        write_results(out_dir, stem, meta, rows, _markdown(rows, meta))
+        write_plot(out_dir, stem, f"grouped-query attention on {props.name}, {dtype_name}",
+                   [f"{r['B']}x{r['H']}/{r['Hkv']}x{r['S']}x{r['D']}{' causal' if r['causal'] else ''}" for r in rows],
+                   {"flashsci / fastest torch": [r["speedup vs best"] for r in rows]}, "torch time / flashsci time")
     return rows
 
 

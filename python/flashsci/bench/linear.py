@@ -14,7 +14,8 @@ import math
 import time
 
 import flashsci
-from flashsci.bench import _fmt, _slug, _write_results, graph_kernel_times_us, per_call_us
+from flashsci.bench.results import fmt, slug, write_plot, write_results
+from flashsci.bench.timing import graph_kernel_times_us, per_call_us
 
 M = 8192
 # name, M, K, N, mode (plain | bias | gelu | relu | swiglu)
@@ -106,7 +107,12 @@ def run_linear(dtype_name, out_dir):
     meta = {"gpu": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
             "flashsci_build": flashsci.build_info(), "dtype": dtype_name, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     if out_dir:
-        _write_results(out_dir, f"linear_{_slug(props.name)}_{dtype_name}", meta, rows, _markdown(rows, meta))
+        stem = f"linear_{slug(props.name)}_{dtype_name}"
+        write_results(out_dir, stem, meta, rows, _markdown(rows, meta))
+        write_plot(out_dir, stem, f"fused linear on {props.name}, {dtype_name}: TFLOP/s",
+                   [f"{r['shape']} {r['mode']}" for r in rows],
+                   {"flashsci": [r["flashsci_tflops"] for r in rows], "fastest torch": [r["torch_best_tflops"] for r in rows]},
+                   "TFLOP/s")
     return rows
 
 
@@ -117,9 +123,9 @@ COLS = ["shape", "M", "K", "N", "mode", "kernel", "tile", "CTAs", "flashsci us",
 def _cells(r):
     per = ", ".join(f"{v} {s:.2f}x" for v, s in r["speedup_vs_torch"].items())
     return [r["shape"], str(r["M"]), str(r["K"]), str(r["N"]), r["mode"], r["kernel"], r["tile"],
-            f"{r['grid']} of {r['tiles']}", _fmt(r["flashsci_us"]),
-            _fmt(r["flashsci_tflops"]), r["torch_best"], _fmt(r["torch_best_us"]), _fmt(r["torch_best_tflops"]),
-            _fmt(r["speedup_vs_torch_best"], ".3f"), per, _fmt(r["flashsci_per_call_us"]), _fmt(r["torch_per_call_us"]),
+            f"{r['grid']} of {r['tiles']}", fmt(r["flashsci_us"]),
+            fmt(r["flashsci_tflops"]), r["torch_best"], fmt(r["torch_best_us"]), fmt(r["torch_best_tflops"]),
+            fmt(r["speedup_vs_torch_best"], ".3f"), per, fmt(r["flashsci_per_call_us"]), fmt(r["torch_per_call_us"]),
             f"{r['max_abs_diff_vs_torch']:.1e} (of {r['max_abs_torch']:.1f})"]
 
 

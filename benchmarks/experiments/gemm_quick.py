@@ -13,7 +13,7 @@ import math
 import torch
 
 import flashsci
-from flashsci.bench import graph_kernel_times_us
+from flashsci.bench.timing import graph_kernel_times_us
 
 F = torch.nn.functional
 SHAPES = [("qkv+bias", 8192, 2560, 7680, "bias"), ("fc1 gelu", 8192, 2560, 10240, "gelu"),

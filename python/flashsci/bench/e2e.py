@@ -3,7 +3,7 @@ the real configs with random weights (no hub downloads), run over a fixed sample
 in token-budget batches (flashsci.batching.embed: the same batches for every variant), stock HF
 (attn_implementation "sdpa" and "eager") against the same model after flashsci.integrations.patch (default:
 plain projections on cuBLAS; and plain_linear="flashsci": every GEMM on flashsci), plus an
-ESM-C-600M-shaped torch module (bench_esmc.py) run stock (SDPA) and on flashsci.
+ESM-C-600M-shaped torch module (models/esmc.py) run stock (SDPA) and on flashsci.
 
 Per model and variant: proteins/s and tokens/s (wall time of the whole pass, synchronized, after a warm-up),
 peak GPU memory of the pass. Accuracy on a subset: last hidden states of stock fp16 and of patched fp16
@@ -13,8 +13,8 @@ Sequences are cropped to 1022 residues (ESM2's trained length, as fair-esm's ext
 import random
 import time
 
-from flashsci.bench import _slug, _write_results
-from flashsci.bench_features import read_fasta
+from flashsci.bench.proteins import read_fasta
+from flashsci.bench.results import slug, write_plot, write_results
 
 CROP = 1022
 ESM_VOCAB = ["<cls>", "<pad>", "<eos>", "<unk>", *"LAGVSERTIDPKQNFYMHWCXBUZO.-"]
@@ -57,7 +57,7 @@ def build(torch, kind, config, layers=None):
         cfg = transformers.T5Config(**dict(config, **({"num_layers": layers} if layers else {})))
         model = transformers.T5EncoderModel(cfg)
     else:
-        from flashsci.bench_esmc import ESMC_600M, EsmCLike
+        from flashsci.bench.models.esmc import ESMC_600M, EsmCLike
         model = EsmCLike(**dict(ESMC_600M, **({"layers": layers} if layers else {})))
     return model.eval()
 
@@ -161,7 +161,12 @@ def run_e2e(dtype_name, out_dir, fasta=None, n_proteins=2000, models=None, n_che
     for name in models or MODELS:
         tok = t5_tokens if MODELS[name][0] == "t5" else esm_tokens
         rows += bench_model(torch, name, dtype, [tok(s) for s in sample], n_check, max_tokens, layers)
-    _write_results(out_dir, f"e2e_{_slug(props.name)}_{dtype_name}", meta, rows, _markdown(rows, meta))
+    if out_dir:
+        stem = f"e2e_{slug(props.name)}_{dtype_name}"
+        write_results(out_dir, stem, meta, rows, _markdown(rows, meta))
+        write_plot(out_dir, stem, f"protein models on {props.name}, {dtype_name}: proteins/s",
+                   [f"{r['model']} {r['variant']}" for r in rows], {"proteins/s": [r["proteins_per_s"] for r in rows]},
+                   "proteins/s")
     return rows
 
 

@@ -1,5 +1,5 @@
 """Does the turn order of the recorded benchmark's graph timing move flashsci's ratio to cuDNN? On one shape, times
-flashsci and SDPA's backends as bench.py does (graph_kernel_times_us: CUDA-graph replays in turns, an untimed replay
+flashsci and SDPA's backends as flashsci.bench does (graph_kernel_times_us: CUDA-graph replays in turns, an untimed replay
 opening each turn) in the recorded order, in the reverse order and as a pair (flashsci, cuDNN), each twice, then the
 two alone by back-to-back calls (per_call_us: a sustained run of one kernel).
     python benchmarks/turn_order.py --shape 2,16,8192,128 [--dtype bfloat16]"""
@@ -9,7 +9,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashsci
-from flashsci.bench import _with_backend, attention_input_sets, graph_kernel_times_us, per_call_us
+from flashsci.bench.timing import attention_input_sets, graph_kernel_times_us, per_call_us, with_backend
 
 F = torch.nn.functional
 
@@ -20,7 +20,7 @@ def main():
     ap.add_argument("--dtype", default="float16")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
-    backend = lambda be: _with_backend(sdpa_kernel, be, F.scaled_dot_product_attention)
+    backend = lambda be: with_backend(sdpa_kernel, be, F.scaled_dot_product_attention)
     fns = {"flashsci": lambda q, k, v: flashsci.attention(q, k, v), "sdpa": F.scaled_dot_product_attention,
            "flash": backend(SDPBackend.FLASH_ATTENTION), "cudnn": backend(SDPBackend.CUDNN_ATTENTION),
            "efficient": backend(SDPBackend.EFFICIENT_ATTENTION)}
