@@ -73,7 +73,7 @@ int main(void)
          cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 0, (CUstream)stream, args, NULL));
     TIME("empty_kernel<<<1, 128>>>", 20000, (empty_kernel<<<1, 128, 0, stream>>>(a)));
 
-    /* the Hopper path: a 4-D fp16 TMA map as attention_sm90.cu encodes q (1 x 1 x 256 x 128, box 64 x 128), and a
+    /* the Hopper path: a 4-D fp16 TMA map as attention/sm90 encodes q (1 x 1 x 256 x 128, box 64 x 128), and a
      * launch with four maps among the parameters (132 blocks, 384 threads, 200 KiB dynamic smem) */
     PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
     CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000, cudaEnableDefault, &q));

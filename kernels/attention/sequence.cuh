@@ -1,4 +1,4 @@
-/* What the CUDA attention kernels (attention_sm80.cu, attention_sm90.cu) share about a problem's protein options:
+/* What the CUDA attention kernels (attention/sm80, attention/sm90) share about a problem's protein options:
  * one sequence's row offsets and lengths (packed variable length, seqlens) and float loads of the bias / T5
  * tables in any float dtype. */
 #ifndef FLASHSCI_ATTENTION_SEQ_CUH

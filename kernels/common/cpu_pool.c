@@ -1,4 +1,4 @@
-/* Fork-join pool for the C CPU kernels (attention_cpu.c, gemm_cpu.c). */
+/* Fork-join pool for the C CPU kernels (attention/cpu, gemm/cpu). */
 #include "common/cpu_pool.h"
 
 #include <pthread.h>

@@ -1,5 +1,5 @@
 /* mbarriers and TMA (the Hopper tensor memory accelerator) shared by the sm_90a kernel families
- * (attention_sm90.cu, gemm_sm90.cu): barrier init / arrive / wait in device code, bulk tensor loads of 2-D and
+ * (attention/sm90, gemm/sm90): barrier init / arrive / wait in device code, bulk tensor loads of 2-D and
  * 4-D boxes and stores of 2-D and 4-D ones, and on the host cuTensorMapEncodeTiled fetched from the driver through the
  * runtime. */
 #ifndef FLASHSCI_TMA_CUH

@@ -1,5 +1,5 @@
-/* wgmma (warpgroup MMA, sm_90a) wrappers shared by the Hopper kernel families (attention_sm90.cu,
- * gemm_sm90.cu): shared-memory descriptors, fences, and the m64nNk16 shapes they use, for fp16 and bf16.
+/* wgmma (warpgroup MMA, sm_90a) wrappers shared by the Hopper kernel families (attention/sm90,
+ * gemm/sm90): shared-memory descriptors, fences, and the m64nNk16 shapes they use, for fp16 and bf16.
  * Defines FS_WGMMA in sm_90a device code; other targets see none of it. */
 #ifndef FLASHSCI_WGMMA_CUH
 #define FLASHSCI_WGMMA_CUH

@@ -1,4 +1,4 @@
-/* Device workspace for the CUDA launchers (attention_sm80.cu: KV-split partials and counters; attention_sm90.cu:
+/* Device workspace for the CUDA launchers (attention/sm80: KV-split partials and counters; attention/sm90:
  * the work-claiming counter), ordered on the launch's stream. */
 #ifndef FLASHSCI_WORKSPACE_H
 #define FLASHSCI_WORKSPACE_H

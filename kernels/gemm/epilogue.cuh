@@ -1,4 +1,4 @@
-/* What every CUDA GEMM kernel does around its main loop (gemm_sm80.cu, gemm_sm90.cu): the order output
+/* What every CUDA GEMM kernel does around its main loop (gemm/sm80, gemm/sm90): the order output
  * tiles are visited in, and the epilogue that turns fp32 accumulators into y = act(acc + bias) (or
  * silu(gate) * up) in the output dtype with a single store. */
 #ifndef FLASHSCI_GEMM_EPILOGUE_CUH

@@ -1,5 +1,5 @@
 /* GEMM problem description shared by the host dispatch (csrc/linear.c) and the GEMM kernel families
- * (gemm_cpu.c, gemm_sm80.cu, gemm_sm90.cu). Plain C. */
+ * (gemm/cpu, gemm/sm80, gemm/sm90). Plain C. */
 #ifndef FLASHSCI_GEMM_H
 #define FLASHSCI_GEMM_H
 

@@ -2,12 +2,9 @@
  * fp16/bf16/fp32 inputs and float64 for fp64, threads across (batch, head, query block).
  *
  * Reference beside the CUDA kernels: tests compare it with a float64 NumPy reference and with the GPU.
- * Run: python -m flashsci.bench (CPU table) or pytest tests/test_attention_cpu.py.
+ * Run: python -m flashsci.bench --cpu (against NumPy) or pytest tests/test_attention_cpu.py.
  *
- * History (2-core CI machine, 2 threads, GFLOP/s on (1,8,512,128) / (2,8,512,64) fp32; python -m flashsci.bench):
- *   v1  Br=32, Bc=64 blocks, K_j transposed so both products vectorise over a contiguous row: 20 / 19
- *   v2  compile-time-width accumulators (score row, 64-column output chunks) + AVX2/FMA clone: 33 / 26
- *       (a vectorisable polynomial exp was tried: no gain, libm expf is ~5% of the time)
+ * Versions and measurements: docs/notes/attention_cpu.md.
  */
 #include "attention/cpu/attention_cpu.h"
 #include "common/cpu_pool.h"

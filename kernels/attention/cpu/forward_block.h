@@ -1,4 +1,4 @@
-/* One (batch, head, query-block) of CPU flash attention, instantiated by attention_cpu.c for
+/* One (batch, head, query-block) of CPU flash attention, instantiated by forward.c for
  * REAL = float (fp16/bf16/fp32 inputs) and REAL = double (fp64 inputs). Paper notation (FlashAttention-2):
  * a query block Q_i of Br rows streams over key/value blocks K_j, V_j of Bc rows, keeping the running
  * row max m_i, the running denominator l_i and the unnormalised output O_i. */

@@ -4,17 +4,14 @@
  * memory, where every query tile's block turns each K tile again (53% over the plain kernel at 8 x 40 x 1024 x 64);
  * here each key is turned once.
  *
- * Build: part of the extension (CMakeLists.txt); alone: nvcc -O3 -gencode=arch=compute_90,code=sm_90 -c kernels/rotary.cu
+ * Build: part of the extension (CMakeLists.txt); alone: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Ikernels -c kernels/attention/rotary/rotary.cu
  * Run:   pytest tests/test_attention_features_gpu.py -k rotary (against HF's ESM rotary + float64 attention)
  *
  * A thread owns one 16-byte chunk pair (x1[8c .. 8c + 7], x2 the same) of one row and FS_ROT_HEADS heads: the
  * 8 angles' sin and cos are computed once and applied to every head, and all its heads' loads are in flight before
  * the arithmetic. Memory-bound: it reads and writes q and k once each.
  *
- * History (H100, fp16, attention with rotary, us; benchmarks/NOTES.md, session 18):
- *   v1  this pre-pass + the plain Hopper kernel, in place of the sm80 FEAT kernel's rotation in shared memory:
- *       ESM2-3B 8x40x1024x64 466 -> 243-252 (plain 201-210), 1x40x4096x64 863 -> 394-399 (plain 367-374); on the sm80
- *       kernel (forced) 470 -> 374 and 887 -> 636
+ * Versions and measurements: docs/notes/rotary.md.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -1,6 +1,6 @@
 /* CPU GEMM in C with the bias / activation / SwiGLU epilogue, float64 accumulation for every dtype.
  *
- * Reference beside the CUDA kernels (gemm_sm80.cu, gemm_sm90.cu): tests compare it with a float64 NumPy
+ * Reference beside the CUDA kernels (gemm/sm80, gemm/sm90): tests compare it with a float64 NumPy
  * reference and with the GPU. Run: pytest tests/test_linear_cpu.py.
  *
  * Tasks are (32-row block of X) x (64-row block of W); each task walks K in 256-wide chunks, widening the

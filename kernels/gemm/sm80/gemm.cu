@@ -2,7 +2,7 @@
  * y = act(x W^T + bias) or silu(x Wg^T) * (x Wu^T), fp16/bf16 in, fp32 accumulation.
  *
  * Build: part of the extension (CMakeLists.txt); alone:
- *   nvcc -O3 -arch=sm_80 -Xptxas -v -c kernels/gemm_sm80.cu
+ *   nvcc -O3 -std=c++17 -arch=sm_80 -Ikernels -Xptxas -v -c kernels/gemm/sm80/gemm.cu
  * Run:   bash benchmarks/gpu_check.sh   (tests/test_linear_gpu.py runs it on Hopper too, forced)
  *
  * A block of 8 warps (2 x 4) owns a BM x BN output tile; each warp a 64 x 32 sub-tile of 4 x 4 m16n8k16
@@ -12,8 +12,7 @@
  * SwiGLU: the BN rows of the W tile are BN/2 gate rows then the same BN/2 rows of Wu; each warp's four
  * fragments are two gate and the matching two up fragments, so one thread holds both factors.
  *
- * History (H200, fp16; the Hopper path takes these shapes there, see gemm_sm90.cu):
- *   v1  128 x 128 x 64, 3 stages, 8 warps, grouped tile order
+ * Versions and measurements: docs/notes/gemm.md.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -4,7 +4,7 @@
  * y = act(x W^T + bias) or silu(x Wg^T) * (x Wu^T), fp16/bf16 in, fp32 accumulation.
  *
  * Build: part of the extension when the architecture list holds 90a (CMakeLists.txt); alone:
- *   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -c kernels/gemm_sm90.cu
+ *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DFLASHSCI_SM90A -Ikernels -Xptxas -v -c kernels/gemm/sm90/gemm.cu
  * Run:   bash benchmarks/gpu_check.sh
  *
  * A block owns one BM x BN output tile at a time (BM = 128: 64 rows per consumer warpgroup, the M of one
@@ -13,53 +13,12 @@
  *   consumers  wait full[s]; 4 x wgmma m64 n(BN) k16; commit; wait until the previous step's group is done
  *              and release its stage on empty[s - 1]
  * TMA zero-fills rows past M and N and columns past K, so tails cost nothing in the main loop. The epilogue
- * (gemm_epilogue.cuh) goes through a shared-memory staging tile and a TMA store, which drops rows and columns
+ * (gemm/epilogue.cuh) goes through a shared-memory staging tile and a TMA store, which drops rows and columns
  * past M and N (outputs in another dtype than x, or rows TMA cannot address, take masked direct stores).
  * SwiGLU: the W tile is BN/2 rows of Wg then the same rows of Wu (two TMA boxes), so accumulator i (gate) and
  * i + BN/4 (up) sit in the same thread.
  *
- * History (H200 fp16, TF/s at M = 8192; torch/cuBLAS 587-687 on the issue's shapes):
- *   v1  128 x 256 x 64 (128 x 128 when that fills more SMs), 4 / 6 stages, persistent, direct stores,
- *       accumulators started from the bias                           500-597 (0.77-0.90x torch)
- *   v2  ptxas serialised every wgmma of v1's bias variants (accumulators written by loads inside its
- *       pipeline stage): accumulators start at 0, the bias comes from shared memory in the epilogue;
- *       tile width 256 / 192 / 128 by rounds over the SMs             453-614 (0.77-0.93x torch)
- *       Tried and dropped: 2-CTA clusters with the W tile multicast (each CTA loading half): 384-455,
- *       0.63-0.69x torch, slower on every shape (cause not found in the time left).
- *   v3  the epilogue through shared memory: each consumer warpgroup writes its 64 x OUT_BN outputs into a
- *       swizzled staging tile and one thread stores it with TMA, waited on only before the next tile's
- *       epilogue, so the next tile's wgmmas start at once (ring stages: as many as fit beside the staging
- *       tiles)                                                            523-649 (0.95-0.97x torch at
- *       M = 8192 except fc1 0.91x; M = 256 / 1024 0.77 / 0.76x)
- *   v3.1 the bias block's warpgroup barrier made unconditional: a bar.sync under a branch had ptxas keep the
- *       main loop's stage, phase and descriptors out of the uniform registers (4 R2UR per wgmma)
- *                                                                        0.94-1.00x torch at M = 8192
- *       Tried and dropped: stream-K (the last partial round and one full round split by K over all blocks,
- *       partial tiles handed over through fp32 global slots): fc2 797 against 659 us (blocks at different K
- *       offsets no longer share X / W panels in L2), M = 256 41 against 32 us (the 128 KB hand-over per block)
- *   v3.2 a 160-wide tile (direct stores: no whole 64-column boxes for TMA) where it saves a round of tiles:
- *       M = 256, N = 10240 on 128 CTAs instead of 108 (192-wide): 33.1 -> 28.7 us (0.83 -> 0.91x torch);
- *       M = 1024: 104.9 -> 99.4 us (0.82 -> 0.85x)
- *   v3.3 gelu / gelu_tanh / silu in 14 / 8 / 6 instructions (gemm_epilogue.cuh; erff alone was ~27, silu's IEEE
- *       division ~10), and with TMA stores applied by the producer warpgroup's three idle warps in the staging
- *       tiles, which they then store, so the consumers start the next tile at once: fc1 GELU 824 -> 734 us,
- *       SwiGLU 214 -> 182 us (1.13 -> 1.37x torch)
- *   v3.4 each epilogue chunk loads its bias before its stores: the compiler cannot hoist a shared-memory load
- *       above a store it might alias, so a load per output pair serialised the epilogue (a K sweep put the cost
- *       per tile at 2.4 us against cuBLAS's 1.1 with the same per-K cost; 0 with the epilogue left out); now
- *       1.6 us                                                           0.98-1.02x torch at M = 8192 (T5 wi
- *       0.91 -> 1.02x); fc1 GELU 1.19x F.linear + F.gelu, 1.04x _addmm_activation; M = 256 / 1024 0.91 / 0.86x
- *   v3.5 (H100 from here) the 160-wide tile's direct stores cost ~4 us more per tile than a TMA store (a K fit over
- *       one-round launches): it now stages too, in 32-column boxes with the 64-byte swizzle; the width is chosen by
- *       rounds x (BN x K steps + 512), fitted to every width measured at M = 256 ... 2048; with one tile per CTA the
- *       consumers apply the activation (31.9 -> 29.6 us, M = 256 GELU)   M = 256 0.90 -> 0.99x, M = 1024 0.83 -> 0.99x
- *   v3.6 the bias comes with the tile's first K step (a bulk copy on that stage's full barrier) and is widened to
- *       float after the main loop, instead of a global load the consumers waited on before it; the consumer
- *       warpgroup index through redux.sync (the A descriptors and barrier addresses back in uniform registers, no
- *       R2UR beside the wgmmas); tensor maps prefetched. Three builds alternated on the H100: with bias 1-5% faster
- *       on every shape (T5 wi + ReLU 477 -> 467 us, M = 1024 + ReLU 93.4 -> 88.7), plain level or faster
- *       Tried and dropped: the bias held in registers across the main loop (T5 wi plain +5%, bias +4%); a widened
- *       reader of the raw bias in the epilogue (three LDS variants per pair: T5 wi plain +5%)
+ * Versions and measurements: docs/notes/gemm.md.
  */
 #include <cuda.h>
 #include <cuda_bf16.h>
