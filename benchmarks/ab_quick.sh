@@ -8,7 +8,7 @@
 #   OLD_DIR=ab_old QUICK_ARGS="--head-dim 64" bash benchmarks/ab_quick.sh
 #   VARIANTS="ab_old ab_mid" QUICK=benchmarks/gemm_quick.py QUICK_ARGS=--epilogue bash benchmarks/ab_quick.sh
 #   OLD_DIR=ab_old QUICK=benchmarks/kpm_quick.py QUICK_ARGS="--fasta data/uniprot20k.fasta.gz" SYMBOL=kpm_prepare ...
-# Two ways earlier versions timed one build as every variant (NOTES.md, sessions 24 and 26): a shared CMake build
+# Two ways earlier versions of this script timed one build as every variant: a shared CMake build
 # folder whose objects were newer than the sources, and gpu_check.sh's editable install, whose import hook comes
 # before PYTHONPATH. So builds share no folder, an installed flashsci is removed first, and each run's import is
 # checked to come from its own build.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build for its own architecture, GPU tests, compute-sanitizer, benchmark.
-#   STEPS="build test sanitize host bench" BENCH_ARGS="--sets seed,protein,sweep" bash benchmarks/gpu_check.sh
+# One call on the GPU machine: build for its own architecture, GPU tests, compute-sanitizer, pytest-benchmark run,
+# host overhead, benchmark.
+#   STEPS="build test sanitize benchtest host bench" BENCH_ARGS="--sets seed,protein,sweep" bash benchmarks/gpu_check.sh
 # Logs and results go under $OUT (the device tool brings them back); results also to benchmarks/results.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,10 @@ if [[ $STEPS == *sanitize* ]]; then
     echo "compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/logs/sanitize_$tool.log" | tail -1))"
     grep -m1 -B2 -A12 -E "Warning|Error" "$OUT/logs/sanitize_$tool.log" | head -30
   done
+fi
+if [[ $STEPS == *benchtest* ]]; then
+  python3 -m pytest -q -m bench tests/test_bench.py --benchmark-json="$OUT/pytest_bench.json" \
+    --benchmark-columns=median,min,max,rounds 2>&1 | tee "$OUT/logs/pytest_bench.log" | tail -40 || status=1
 fi
 if [[ $STEPS == *host* ]]; then
   nvcc -O2 -o /tmp/launch_cost benchmarks/launch_cost.cu -lcuda && /tmp/launch_cost 2>&1 | tee "$OUT/logs/launch_cost.log"

@@ -1,5 +1,5 @@
 """CUDA attention against torch: max error <= 2x the error of torch's own fp16/bf16 SDPA against a float64
-reference, on the issue's configs and >= 200 fuzzed shapes, outputs poisoned before each run."""
+reference, on the benchmark's configs and >= 200 fuzzed shapes, outputs poisoned before each run."""
 import math
 import random
 
@@ -69,7 +69,7 @@ def check(b, h, sq, sk, d, causal=False, dtype=torch.float16, layout="bhsd", str
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("cfg", SEED + PROTEIN + SWEEP, ids=str)
-def test_issue_configs(cfg, causal, dtype):
+def test_benchmark_configs(cfg, causal, dtype):
     b, h, s, d = cfg if len(cfg) == 4 else (*cfg, 64)
     check(b, h, s, s, d, causal=causal, dtype=dtype)
 

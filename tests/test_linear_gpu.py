@@ -1,5 +1,5 @@
 """CUDA linear / swiglu against torch: max error <= 2x the error of torch's own fp16/bf16 result against a
-float64 reference, on the issue's shapes and fuzzed ones, both kernels (the Hopper one where the device is
+float64 reference, on the benchmark's shapes and fuzzed ones, both kernels (the Hopper one where the device is
 an sm_90, and the portable sm80 one forced), outputs poisoned before each run."""
 import math
 import random
@@ -13,8 +13,8 @@ pytestmark = pytest.mark.gpu
 F = torch.nn.functional
 
 ACTS = [None, "relu", "gelu", "gelu_tanh", "silu"]
-# (M, K, N, mode) from the issue: ESM2-3B, ProtT5-XL, ESM-C-600M, small M (large ones trimmed in M)
-ISSUE = [(2048, 2560, 7680, None), (2048, 2560, 10240, "gelu"), (2048, 10240, 2560, None), (2048, 1024, 16384, "relu"),
+# (M, K, N, mode) of the protein models: ESM2-3B, ProtT5-XL, ESM-C-600M, small M (large ones trimmed in M)
+MODEL_SHAPES = [(2048, 2560, 7680, None), (2048, 2560, 10240, "gelu"), (2048, 10240, 2560, None), (2048, 1024, 16384, "relu"),
          (2048, 16384, 1024, None), (2048, 1152, 3072, "swiglu"), (256, 2560, 10240, "gelu"), (1024, 2560, 10240, None),
          (16137, 1280, 1280, "gelu"), (256, 512, 5120, "swiglu")]   # the last: 192-wide Hopper tiles
 
@@ -72,8 +72,8 @@ def check(m, k, n, act=None, bias=True, dtype=torch.float16, out_dtype=None, swi
     assert fresh.dtype == od and fresh.shape == out.shape and torch.equal(fresh, out)
 
 
-@pytest.mark.parametrize("cfg", ISSUE, ids=str)
-def test_issue_shapes(cfg, kernel):
+@pytest.mark.parametrize("cfg", MODEL_SHAPES, ids=str)
+def test_model_shapes(cfg, kernel):
     m, k, n, mode = cfg
     if mode == "swiglu":
         check(m, k, n, swiglu=True)

@@ -2,7 +2,7 @@
 benchmark times them (CUDA-graph replays over rotating input sets), with the GPU's energy counter and SM clock read
 through NVML (ctypes, libnvidia-ml) around and during each turn. The H100 runs these shapes at its 700 W cap; with
 --order and --warm this found that a turn right after the efficient backend's runs 3-4% slower, and that one
-untimed replay opening each turn removes that (benchmarks/NOTES.md, session 14). At turns of ~0.2 s NVML's energy
+untimed replay opening each turn removes that (docs/performance.md). At turns of ~0.2 s NVML's energy
 and clock figures lag into the neighbouring turns: read them as rough, the times as the measurement.
     python benchmarks/power_turns.py --shape 1,16,16384,128 [--mix all|cudnn] [--order sdpa,flashsci,...] [--warm 1] [--rounds 5]"""
 import argparse

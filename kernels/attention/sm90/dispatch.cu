@@ -15,7 +15,7 @@ static bool sm90_feat(const fs_attn_params *p)
 }
 
 /* The T5 bias without the other options at D = 128 (ProtT5) runs on the plain kernel with the bias added (T5): Q in
- * registers and the early hand-over, which the FEAT kernel cannot hold without spilling (NOTES.md, session 29). */
+ * registers and the early hand-over, which the FEAT kernel cannot hold without spilling (docs/notes/attention_sm90.md). */
 static bool sm90_t5_plain(const fs_attn_params *p)
 {
     return p->t5_table && p->D == 128 && !p->cu_seqlens_q && !p->seqlens && !p->kpm && fabs(p->scale) >= FS_SM90_T5_MIN_SCALE;
@@ -70,8 +70,8 @@ static int strides_ok(int S, int H, int B, int64_t ss, int64_t sh, int64_t sb)
  * 256 keys (H100: 1 x 1 x 512 8.9 -> 8.1 us, 8 x 8 x 256 9.7 -> 8.1, 1 x 20 x 512 14.4 -> 9.4), except where few
  * query tiles (under a quarter of the SMs) see more than 512 keys, which the sm80 kernel splits over a cluster
  * (1 x 2 x 1024: 13.0 against 11.9); on a single key tile the sm80 kernel wins (1 x 1 x 64: 5.4 against 3.7).
- * Causal and protein-option problems at D = 64 keep session 16's rule: from two thirds of an item per SM (Br = 192)
- * and 512 keys (NOTES.md, sessions 16 and 24). */
+ * Causal and protein-option problems at D = 64 keep the earlier rule: from two thirds of an item per SM (Br = 192)
+ * and 512 keys. */
 static int sm90_pays(const fs_attn_params *p, long long items, int sm_count)
 {
     if (items >= sm_count) return 1;
