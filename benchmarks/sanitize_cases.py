@@ -3,7 +3,8 @@ every head dim, both dtypes, tails, causal, bshd strides, KV groups, the split-K
 thread-block cluster (Hopper), lse; then the
 protein options (padding mask with tile skipping, seqlens, bias, T5, rotary, varlen incl. empty sequences; on
 both kernels); grouped K/V heads on both kernels;
-then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every epilogue).
+then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every epilogue); then the edges: size 1,
+size 0 (no rows, no keys: the fill kernel), rows with no kept key, NaN rows and keys, on both attention kernels.
 SANITIZE_ONLY=linear runs the GEMM cases alone."""
 import os
 
@@ -114,6 +115,21 @@ for kernel in ("auto", "sm80"):  # grouped-query attention: K/V heads shared by 
     flashsci.attention(q[..., :64], k[..., :64], v[..., :64], rotary=True)
     flashsci.attention(q[:, :, :, :64], *(x[:, :1, :300, :64].expand(2, 48, 300, 64) for x in (k, v)))
     flashsci.attention_varlen(qp, kp[:, :12], vp[:, :12], cu, cu, 170, 170, causal=True, rotary=True)
+    torch.cuda.synchronize()
+for kernel in ("auto", "sm80"):  # edges: size 1 and 0, padding-only rows, NaN rows and keys
+    flashsci._flashsci._set_attention_kernel(kernel)
+    one = torch.randn(1, 1, 1, 64, device=dev, dtype=f16)
+    flashsci.attention(one, one, one, return_lse=True)
+    q, k = torch.randn(2, 3, 130, 64, device=dev, dtype=f16), torch.randn(2, 3, 0, 64, device=dev, dtype=f16)
+    flashsci.attention(q, k, k, return_lse=True)
+    flashsci.attention(q[:, :, :0], q, q, return_lse=True)
+    kpm = torch.ones(2, 130, dtype=torch.bool, device=dev)
+    kpm[1] = False
+    q[0, 1, 7] = float("nan")
+    k = torch.randn(2, 3, 130, 64, device=dev, dtype=f16)
+    k[1, 2, 50, 0] = float("nan")
+    flashsci.attention(q, k, k, key_padding_mask=kpm, return_lse=True)
+    flashsci.attention(q, k, k, causal=True, return_lse=True)
     torch.cuda.synchronize()
 flashsci._flashsci._set_attention_kernel("auto")
 print("sanitize cases done")

@@ -16,7 +16,7 @@ typedef struct {
     uintptr_t stream;             /* the stream that produced the data; frees are ordered on it */
 } fs_array;
 
-/* Number of bytes held by the array. */
+/* Number of bytes held by the array (the caller checked it fits: fs_nbytes). */
 static size_t array_nbytes(const fs_array *a)
 {
     size_t n = fs_dtype_itemsize(a->dtype);
@@ -114,6 +114,22 @@ static void array_dltensor(fs_array *a, DLTensor *d)
     d->byte_offset = 0;
 }
 
+/* A (int, int) tuple argument of __dlpack__ into *a, *b; TypeError naming it otherwise. */
+static int int_pair(PyObject *obj, const char *what, int *a, int *b)
+{
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 2) {
+        PyErr_Format(PyExc_TypeError, "flashsci.Array.__dlpack__: %s must be a tuple of two ints, got %.100s", what,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (!PyArg_ParseTuple(obj, "ii", a, b)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "flashsci.Array.__dlpack__: %s must be a tuple of two ints, got %R", what, obj);
+        return -1;
+    }
+    return 0;
+}
+
 /* __dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None): export without a copy. */
 static PyObject *array_dlpack(PyObject *self, PyObject *args, PyObject *kwargs)
 {
@@ -128,7 +144,7 @@ static PyObject *array_dlpack(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     if (dl_device != Py_None) {
         int type, id;
-        if (!PyArg_ParseTuple(dl_device, "ii:dl_device", &type, &id)) return NULL;
+        if (int_pair(dl_device, "dl_device", &type, &id) < 0) return NULL;
         if (type != (a->is_cuda ? kDLCUDA : kDLCPU) || (a->is_cuda && id != a->device)) {
             PyErr_SetString(PyExc_BufferError, "flashsci.Array.__dlpack__: dl_device differs from the array's device");
             return NULL;
@@ -142,7 +158,7 @@ static PyObject *array_dlpack(PyObject *self, PyObject *args, PyObject *kwargs)
     int versioned = 0;
     if (max_version != Py_None) {
         int major, minor;
-        if (!PyArg_ParseTuple(max_version, "ii:max_version", &major, &minor)) return NULL;
+        if (int_pair(max_version, "max_version", &major, &minor) < 0) return NULL;
         versioned = major >= 1;
     }
     if (versioned) {

@@ -4,7 +4,6 @@
  * dispatch to the C CPU kernel or the CUDA kernels. */
 #include "flashsci.h"
 
-#include "attention/cpu/attention_cpu.h"
 
 enum { KW_CAUSAL, KW_SCALE, KW_LAYOUT, KW_OUT, KW_RETURN_LSE, KW_STREAM, KW_KPM, KW_SEQLENS, KW_BIAS, KW_T5, KW_ROTARY, KW_COUNT };
 
@@ -180,14 +179,16 @@ static int check_bias(const fs_tensor *x, const fs_tensor *q, const fs_attn_para
 
 int fs_run_attention(fs_state *st, const fs_attn_params *p, fs_tensor *const *arrays, int n, uintptr_t stream)
 {
-    if (arrays[0]->is_cuda)
-        return fs_wait_producers(arrays, n, stream) < 0 ? -1 : fs_gpu_attention(p, arrays[0]->device, stream, &st->choice);
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = fs_attention_cpu(p, st->num_threads);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) PyErr_NoMemory();
-    return rc;
+    const int64_t rows = p->cu_seqlens_q ? p->total_q * p->H : (int64_t)p->B * p->H * p->Sq;
+    if (rows == 0) return 0; /* no query row: the result is empty */
+    const int no_keys = p->cu_seqlens_q ? p->total_k == 0 : p->Sk == 0;
+    if (arrays[0]->is_cuda) {
+        if (fs_wait_producers(arrays, n, stream) < 0) return -1;
+        /* no key at all: every row is fully masked (zeros, lse -inf), written without the attention kernels */
+        return no_keys ? fs_gpu_attention_no_keys(p, arrays[0]->device, stream)
+                       : fs_gpu_attention(p, arrays[0]->device, stream, &st->choice);
+    }
+    return fs_cpu_run_attention(p, st->num_threads);
 }
 
 PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -210,6 +211,9 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (fs_tensor_import(st, a.v, "v", stream, FS_ROUTE_AUTO, FS_FLOATS, &tv) < 0) goto done;
     if (check_inputs(&a, t) < 0) goto done;
     if (fs_check_rotary(a.opt.rotary, tq.shape[3]) < 0) goto done;
+    if ((a.opt.has_scale && fs_check_scale(a.opt.scale, tq.dtype) < 0) ||
+        fs_check_keys(tk.shape[a.bshd ? 1 : 2], tq.dtype, "Sk (keys per row)") < 0)
+        goto done;
     if (a.stream && !tq.is_cuda) {
         PyErr_SetString(PyExc_ValueError, "stream= applies to CUDA inputs, but q, k and v are on the CPU");
         goto done;

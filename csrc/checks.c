@@ -7,6 +7,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include <float.h>
 #include <math.h>
 
 #include "attention/cpu/attention_cpu.h"
@@ -35,6 +36,10 @@ const char *fs_shape_str(const int64_t *shape, int ndim, char *buf, size_t n)
 void fs_byte_extent(const fs_tensor *t, uintptr_t *lo, uintptr_t *hi)
 {
     int64_t neg = 0, pos = 0;
+    if (fs_numel(t) == 0) { /* an empty tensor spans no byte */
+        *lo = *hi = (uintptr_t)t->data;
+        return;
+    }
     for (int i = 0; i < t->ndim; i++) {
         const int64_t span = (t->shape[i] - 1) * t->strides[i];
         if (span < 0) neg += span; else pos += span;
@@ -44,25 +49,31 @@ void fs_byte_extent(const fs_tensor *t, uintptr_t *lo, uintptr_t *hi)
     *hi = (uintptr_t)t->data + (uintptr_t)((pos + 1) * item);
 }
 
-/* Sizes must fit 32-bit counts and the addressed span must fit 64-bit byte offsets. */
+int64_t fs_numel(const fs_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+/* Sizes must be at most FS_MAX_DIM per dimension (every tile count of the kernels then fits 32 bits) and the
+ * addressed span must fit 64-bit byte offsets. Zero-size dimensions are allowed (empty work). */
 int fs_check_sizes(const fs_tensor *t, const char *name)
 {
     const int64_t item = (int64_t)fs_dtype_itemsize(t->dtype);
     int64_t span = 0;
+    char buf[160];
     for (int i = 0; i < t->ndim; i++) {
-        char buf[160];
-        if (t->shape[i] == 0) {
-            PyErr_Format(PyExc_ValueError, "%s has a zero-size dimension (shape %s); every dimension must be at least 1",
-                         name, fs_shape_str(t->shape, t->ndim, buf, sizeof buf));
-            return -1;
-        }
-        if (t->shape[i] < 0 || t->shape[i] > INT32_MAX) {
-            PyErr_Format(PyExc_ValueError, "%s: dimension %d has size %lld; flashsci supports sizes below 2**31", name, i,
+        if (t->shape[i] < 0 || t->shape[i] > FS_MAX_DIM) {
+            PyErr_Format(PyExc_ValueError, "%s: dimension %d has size %lld; flashsci supports sizes up to 2**30", name, i,
                          (long long)t->shape[i]);
             return -1;
         }
+    }
+    if (fs_numel(t) == 0) return 0;
+    for (int i = 0; i < t->ndim; i++) {
         const int64_t s = t->strides[i] < 0 ? -t->strides[i] : t->strides[i];
-        if (s > (INT64_MAX / item - span) / t->shape[i]) {
+        if (t->strides[i] == INT64_MIN || s > (INT64_MAX / item - span) / t->shape[i]) {
             PyErr_Format(PyExc_ValueError, "%s: shape %s with strides spans more than 2**63 bytes", name,
                          fs_shape_str(t->shape, t->ndim, buf, sizeof buf));
             return -1;
@@ -72,10 +83,34 @@ int fs_check_sizes(const fs_tensor *t, const char *name)
     return 0;
 }
 
-/* Pointer and row alignment: element size on the CPU, 16 bytes (vector loads) on CUDA. */
+int fs_nbytes(int ndim, const int64_t *shape, fs_dtype dtype, size_t *bytes)
+{
+    size_t n = fs_dtype_itemsize(dtype);
+    char buf[160];
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0 || (shape[i] > 0 && n > (size_t)PY_SSIZE_T_MAX / (size_t)shape[i])) {
+            PyErr_Format(PyExc_ValueError, "the result of shape %s needs more than 2**63 bytes",
+                         fs_shape_str(shape, ndim, buf, sizeof buf));
+            return -1;
+        }
+        n *= (size_t)shape[i];
+    }
+    *bytes = n;
+    return 0;
+}
+
+const char *fs_contiguous_hint(const fs_tensor *t)
+{
+    return t->source == FS_SRC_TORCH ? "call .contiguous() first"
+           : t->source == FS_SRC_NUMPY ? "pass np.ascontiguousarray(...) instead"
+                                       : "pass a contiguous copy";
+}
+
+/* Pointer and row alignment: element size on the CPU, 16 bytes (vector loads) on CUDA; nothing for empty tensors. */
 int fs_check_alignment(const fs_tensor *t, const char *name, int dims_are_rows)
 {
     const uintptr_t item = fs_dtype_itemsize(t->dtype), need = t->is_cuda ? 16 : item;
+    if (fs_numel(t) == 0) return 0;
     if ((uintptr_t)t->data % need) {
         PyErr_Format(PyExc_ValueError, "%s: data pointer %p is not %zu-byte aligned (%s needs %zu-byte alignment)", name,
                      t->data, (size_t)need, t->is_cuda ? "the CUDA kernels' 16-byte loads" : fs_dtype_name(t->dtype), (size_t)need);
@@ -84,7 +119,7 @@ int fs_check_alignment(const fs_tensor *t, const char *name, int dims_are_rows)
     for (int i = 0; t->is_cuda && i < dims_are_rows; i++) {
         if ((t->strides[i] * (int64_t)item) % 16 && t->shape[i] > 1) {
             PyErr_Format(PyExc_ValueError, "%s: stride %lld of dimension %d is not a multiple of 16 bytes; the CUDA kernels "
-                         "load 16-byte rows (make the tensor contiguous)", name, (long long)t->strides[i], i);
+                         "load 16-byte rows (%s)", name, (long long)t->strides[i], i, fs_contiguous_hint(t));
             return -1;
         }
     }
@@ -138,6 +173,8 @@ PyObject *fs_new_output(fs_state *st, const fs_tensor *q, int ndim, const int64_
                             uintptr_t stream, char **data)
 {
     PyObject *obj = NULL;
+    size_t bytes;
+    if (fs_nbytes(ndim, shape, dtype, &bytes) < 0) return NULL;
     if (q->source == FS_SRC_TORCH) {
         if (!(obj = torch_new(st, q, ndim, shape, dtype))) return NULL;
         if (fs_torch_data_ptr(st, obj, data) < 0) Py_CLEAR(obj);
@@ -183,11 +220,12 @@ int fs_check_out(const fs_tensor *o, fs_tensor *const *t, const char *const *nam
         return -1;
     }
     if (fs_check_sizes(o, "out") < 0) return -1;
-    if (o->strides[ndim - 1] != 1 && o->shape[ndim - 1] != 1) {
-        PyErr_Format(PyExc_ValueError, "out: the last dimension must be contiguous (stride 1), got stride %lld",
-                     (long long)o->strides[ndim - 1]);
+    if (o->strides[ndim - 1] != 1 && o->shape[ndim - 1] != 1 && fs_numel(o) > 0) {
+        PyErr_Format(PyExc_ValueError, "out: the last dimension must be contiguous (stride 1), got stride %lld; %s",
+                     (long long)o->strides[ndim - 1], fs_contiguous_hint(o));
         return -1;
     }
+    if (fs_numel(o) == 0) return 0;
     /* no element may be written twice: sorted by stride, each dimension must step past the ones inside it */
     int order[FS_MAX_NDIM];
     for (int i = 0; i < ndim; i++) order[i] = i;
@@ -283,6 +321,10 @@ int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout)
 {
     const char *const *names = fs_qkv_names;
     char b1[160], b2[160];
+    if (t[0]->ndim == ndim && t[0]->shape[ndim - 1] == 0) {
+        PyErr_SetString(PyExc_ValueError, "q has head dim 0; the head dim must be at least 1");
+        return -1;
+    }
     for (int i = 0; i < 3; i++) {
         if (t[i]->ndim != ndim) {
             PyErr_Format(PyExc_ValueError, "%s must be %d-D %s, got %d-D shape %s", names[i], ndim, layout, t[i]->ndim,
@@ -305,9 +347,9 @@ int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout)
             return -1;
         }
         if (fs_check_sizes(t[i], names[i]) < 0) return -1;
-        if (t[i]->strides[ndim - 1] != 1 && t[i]->shape[ndim - 1] != 1) {
+        if (t[i]->strides[ndim - 1] != 1 && t[i]->shape[ndim - 1] != 1 && fs_numel(t[i]) > 0) {
             PyErr_Format(PyExc_ValueError, "%s: the last (head) dimension must be contiguous (stride 1), got stride %lld; "
-                         "call .contiguous() first", names[i], (long long)t[i]->strides[ndim - 1]);
+                         "%s", names[i], (long long)t[i]->strides[ndim - 1], fs_contiguous_hint(t[i]));
             return -1;
         }
         if (fs_check_alignment(t[i], names[i], ndim - 1) < 0) return -1;
@@ -334,12 +376,16 @@ int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout)
 int fs_check_kv_heads(fs_tensor *const t[3], int ih)
 {
     const int64_t hq = t[0]->shape[ih], hk = t[1]->shape[ih], hv = t[2]->shape[ih];
+    if (hk == 0 && hq != 0) {
+        PyErr_Format(PyExc_ValueError, "k and v have no heads but q has %lld", (long long)hq);
+        return -1;
+    }
     if (hv != hk) {
         PyErr_Format(PyExc_ValueError, "k has head count %lld but v has %lld: k and v must have one head count", (long long)hk,
                      (long long)hv);
         return -1;
     }
-    if (hq % hk) {
+    if (hk && hq % hk) {
         PyErr_Format(PyExc_ValueError, "k and v have head count %lld but q has %lld: the K/V head count must divide q's "
                      "(grouped-query attention: q head h reads K/V head h / (Hq / Hkv))", (long long)hk, (long long)hq);
         return -1;
@@ -351,7 +397,32 @@ int fs_check_kv_heads(fs_tensor *const t[3], int ih)
  * count as one head that all query heads share, which the Hopper kernel's TMA maps can address. */
 int fs_kv_group(int64_t hq, int64_t hk, int64_t k_sh, int64_t v_sh)
 {
+    if (hk == 0) return 1;
     return hk == hq && k_sh == 0 && v_sh == 0 ? (int)hq : (int)(hq / hk);
+}
+
+int fs_check_scale(double scale, fs_dtype dtype)
+{
+    /* non-float64 inputs compute in float32, with the scores in log2 units on CUDA: scale log2(e) must be finite there */
+    if (dtype != FS_F64 && fabs(scale) * 1.4426950408889634 > FLT_MAX) {
+        char msg[256]; /* PyErr_Format has no float conversion */
+        snprintf(msg, sizeof msg, "scale %g is not finite in float32, the precision %s inputs are computed in; |scale| "
+                 "must be below %g", scale, fs_dtype_name(dtype), FLT_MAX / 1.4426950408889634);
+        PyErr_SetString(PyExc_ValueError, msg);
+        return -1;
+    }
+    return 0;
+}
+
+int fs_check_keys(int64_t keys, fs_dtype dtype, const char *what)
+{
+    if (dtype != FS_F64 && keys > FS_MAX_KEYS) {
+        PyErr_Format(PyExc_ValueError, "%s = %lld: flashsci accumulates %s attention in float32, exact to rounding for "
+                     "rows of at most 2**24 = %d keys; use float64 inputs on the CPU for longer rows", what,
+                     (long long)keys, fs_dtype_name(dtype), FS_MAX_KEYS);
+        return -1;
+    }
+    return 0;
 }
 
 /* scale=: None (1/sqrt(D)) or a finite real number. */

@@ -12,6 +12,8 @@
 #include "gemm/params.h"
 
 #define FS_MAX_NDIM 8
+#define FS_MAX_DIM (1LL << 30)   /* the largest size of any dimension: every tile count of the kernels fits 32 bits */
+#define FS_MAX_KEYS (1 << 24)    /* keys per row that float32 accumulation sums exactly to rounding */
 
 /* Kernel choices that tests and benchmarks set (_set_attention_kernel, _set_gemm_kernel); zero: the dispatcher's. */
 typedef struct {
@@ -86,7 +88,12 @@ void *fs_array_data(PyObject *array);
 const char *fs_device_str(const fs_tensor *t, char *buf, size_t n);
 const char *fs_shape_str(const int64_t *shape, int ndim, char *buf, size_t n);
 void fs_byte_extent(const fs_tensor *t, uintptr_t *lo, uintptr_t *hi);
+int64_t fs_numel(const fs_tensor *t);                        /* elements (0 for an empty tensor) */
 int fs_check_sizes(const fs_tensor *t, const char *name);
+/* Bytes of a new array of shape and dtype into *bytes; ValueError when they pass 2**63. */
+int fs_nbytes(int ndim, const int64_t *shape, fs_dtype dtype, size_t *bytes);
+/* How to make t contiguous, in its framework's words. */
+const char *fs_contiguous_hint(const fs_tensor *t);
 int fs_check_alignment(const fs_tensor *t, const char *name, int dims_are_rows);
 int fs_check_aux(const fs_tensor *x, const char *name, const fs_tensor *q);
 int fs_is_contiguous(const fs_tensor *t);
@@ -97,6 +104,8 @@ int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout);
 int fs_check_kv_heads(fs_tensor *const t[3], int ih);
 int fs_kv_group(int64_t hq, int64_t hk, int64_t k_sh, int64_t v_sh);
 int fs_parse_scale(PyObject *obj, int *has_scale, double *scale);
+int fs_check_scale(double scale, fs_dtype dtype);          /* finite in the precision dtype computes in */
+int fs_check_keys(int64_t keys, fs_dtype dtype, const char *what); /* at most FS_MAX_KEYS unless float64 */
 int fs_parse_rotary(PyObject *obj, int *on, float *base);
 int fs_check_rotary(int on, int64_t D);
 extern const char *const fs_qkv_names[3];
@@ -121,6 +130,11 @@ typedef struct {
 /* p from sizes, operands and options; everything else (lse, masks, lengths, biases) zero for the caller to set. */
 void fs_attn_params_build(fs_attn_params *p, const fs_attn_options *opt, int B, int H, int Hkv, int Sq, int Sk, int D,
                           fs_dtype dtype, fs_operand q, fs_operand k, fs_operand v, fs_operand o);
+
+/* cpu.c: run a CPU kernel (fs_attention_cpu, fs_gemm_cpu) with the GIL released; Ctrl-C stops it with
+ * KeyboardInterrupt. 0, or -1 with an exception set. */
+int fs_cpu_run_attention(const fs_attn_params *p, int threads);
+int fs_cpu_run_gemm(const fs_gemm_params *p, int threads);
 
 /* attention.c */
 /* Run checked parameters: the CUDA kernels on stream (after the streams arrays[0..n) named), else the
@@ -153,6 +167,8 @@ int fs_gpu_pointer_device(const void *ptr, int *device);
 void *fs_gpu_malloc_async(size_t bytes, uintptr_t stream, int device);
 void fs_gpu_free_async(void *ptr, uintptr_t stream, int device);
 int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice);
+/* Every query row of p written as zeros with lse -inf: the result when there is no key at all. */
+int fs_gpu_attention_no_keys(const fs_attn_params *p, int device, uintptr_t stream);
 PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device, const fs_kernel_choice *choice); /* dict */
 int fs_gpu_gemm(const fs_gemm_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice);
 PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int device, const fs_kernel_choice *choice);       /* dict */

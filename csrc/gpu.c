@@ -18,8 +18,13 @@ static cudaEvent_t sync_event[FS_MAX_DEVICES];
 /* Raise RuntimeError for a failed CUDA call; returns -1. */
 static int cuda_fail(cudaError_t err, const char *what)
 {
-    PyErr_Format(PyExc_RuntimeError, "flashsci: %s failed: %s (%s)", what, cudaGetErrorString(err),
-                 cudaGetErrorName(err));
+    if (err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice)
+        PyErr_Format(PyExc_RuntimeError, "flashsci: no CUDA driver or GPU was found (%s: %s); CUDA arrays need an NVIDIA "
+                     "GPU and its driver", what, cudaGetErrorName(err));
+    else
+        PyErr_Format(PyExc_RuntimeError, "flashsci: %s failed: %s (%s)", what, cudaGetErrorString(err),
+                     cudaGetErrorName(err));
+    cudaGetLastError(); /* clear it: errors that are not sticky must not fail the next call */
     return -1;
 }
 
@@ -167,6 +172,15 @@ int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream, cons
     return attention_launch(p, device, stream, choice, NULL);
 }
 
+int fs_gpu_attention_no_keys(const fs_attn_params *p, int device, uintptr_t stream)
+{
+    int prev;
+    if (fs_gpu_device_enter(device, &prev) < 0) return -1;
+    cudaError_t err = fs_attention_no_keys(p, (cudaStream_t)stream);
+    fs_gpu_device_leave(prev, device);
+    return err == cudaSuccess ? 0 : cuda_fail(err, "attention kernel launch");
+}
+
 PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device, const fs_kernel_choice *choice)
 {
     PyObject *plan = NULL;
@@ -230,6 +244,11 @@ void fs_gpu_free_async(void *ptr, uintptr_t s, int d) { (void)ptr; (void)s; (voi
 int fs_gpu_attention(const fs_attn_params *p, int d, uintptr_t s, const fs_kernel_choice *c)
 {
     (void)p; (void)d; (void)s; (void)c;
+    return no_cuda();
+}
+int fs_gpu_attention_no_keys(const fs_attn_params *p, int d, uintptr_t s)
+{
+    (void)p; (void)d; (void)s;
     return no_cuda();
 }
 PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int d, const fs_kernel_choice *c)

@@ -9,7 +9,6 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
-#include "gemm/cpu/gemm_cpu.h"
 
 static const char *const act_names[FS_NUM_ACTS] = {"none", "relu", "gelu", "gelu_tanh", "silu"};
 
@@ -78,27 +77,33 @@ static int as_rows(const fs_tensor *t, const char *name, int64_t *rows, int64_t 
     char b1[160], b2[160];
     const int last = t->ndim - 1;
     const int64_t cols = t->shape[last];
-    if (t->strides[last] != 1 && cols != 1) {
-        PyErr_Format(PyExc_ValueError, "%s: the last dimension must be contiguous (stride 1), got stride %lld; call "
-                     ".contiguous() first", name, (long long)t->strides[last]);
+    if (t->strides[last] != 1 && cols > 1 && fs_numel(t) > 0) {
+        PyErr_Format(PyExc_ValueError, "%s: the last dimension must be contiguous (stride 1), got stride %lld; %s", name,
+                     (long long)t->strides[last], fs_contiguous_hint(t));
         return -1;
     }
     int64_t n = 1, stride = -1, next = -1; /* next: the stride the next outer dimension must have */
+    for (int i = last - 1; i >= 0; i--)
+        if (t->shape[i] == 0) { /* no rows: an empty result, whatever the strides */
+            *rows = 0;
+            *ld = cols;
+            return 0;
+        }
     for (int i = last - 1; i >= 0; i--) {
         if (t->shape[i] == 1) continue;
         if (stride < 0) stride = t->strides[i];
         else if (t->strides[i] != next) {
             PyErr_Format(PyExc_ValueError, "%s of shape %s and strides %s: its leading dimensions do not collapse into "
-                         "one row stride; call .contiguous() first", name, fs_shape_str(t->shape, t->ndim, b1, sizeof b1),
-                         fs_shape_str(t->strides, t->ndim, b2, sizeof b2));
+                         "one row stride; %s", name, fs_shape_str(t->shape, t->ndim, b1, sizeof b1),
+                         fs_shape_str(t->strides, t->ndim, b2, sizeof b2), fs_contiguous_hint(t));
             return -1;
         }
         n *= t->shape[i];
         next = t->strides[i] * t->shape[i];
-    }
-    if (n > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "%s has %lld rows; flashsci supports below 2**31", name, (long long)n);
-        return -1;
+        if (n > FS_MAX_DIM) {
+            PyErr_Format(PyExc_ValueError, "%s has more than 2**30 rows; flashsci supports up to 2**30", name);
+            return -1;
+        }
     }
     if (n > 1 && stride < cols) {
         PyErr_Format(PyExc_ValueError, "%s: row stride %lld is below its row length %lld (rows overlap or are negative)",
@@ -151,9 +156,9 @@ static int check_device_support(const fs_tensor *x, fs_dtype out_dtype, int64_t 
         PyErr_SetString(PyExc_TypeError, "CUDA linear writes float16, bfloat16 or float32, got out_dtype float64");
         return -1;
     }
-    if (N % 8 || K % 8) {
+    if (N % 8 || K % 8 || K == 0) {
         PyErr_Format(PyExc_ValueError, "CUDA linear needs out_features and in_features to be multiples of 8 (16-byte "
-                     "rows), got N=%lld, K=%lld", (long long)N, (long long)K);
+                     "rows) and in_features at least 8, got N=%lld, K=%lld", (long long)N, (long long)K);
         return -1;
     }
     return 0;
@@ -184,14 +189,10 @@ static int check_bias(const fs_tensor *b, const fs_tensor *x, int64_t N)
  * kernel with the GIL released. */
 static int run_gemm(fs_state *st, const fs_gemm_params *p, fs_tensor *const *arrays, int n, uintptr_t stream)
 {
+    if (p->M == 0 || p->N == 0) return 0; /* an empty result */
     if (arrays[0]->is_cuda)
         return fs_wait_producers(arrays, n, stream) < 0 ? -1 : fs_gpu_gemm(p, arrays[0]->device, stream, &st->choice);
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = fs_gemm_cpu(p, st->num_threads);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) PyErr_NoMemory();
-    return rc;
+    return fs_cpu_run_gemm(p, st->num_threads);
 }
 
 /* The shared body of linear() and swiglu(): w2_arg NULL for linear; packed SwiGLU when swiglu and w2_arg

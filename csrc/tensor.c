@@ -140,8 +140,8 @@ static int import_numpy(PyObject *obj, const char *name, unsigned allowed, fs_te
     return strides_from_bytes(t, name, bytes);
 }
 
-/* Read a tuple of Python ints into out[]; returns its length or -1. */
-static int read_int_tuple(PyObject *tup, const char *name, const char *what, int64_t *out)
+/* Read a tuple of Python ints into out[] (sizes: none negative); returns its length or -1. */
+static int read_int_tuple(PyObject *tup, const char *name, const char *what, int64_t *out, int sizes)
 {
     if (!PyTuple_Check(tup)) {
         PyErr_Format(PyExc_TypeError, "%s: %s must be a tuple, got %.100s", name, what, Py_TYPE(tup)->tp_name);
@@ -149,10 +149,20 @@ static int read_int_tuple(PyObject *tup, const char *name, const char *what, int
     }
     Py_ssize_t n = PyTuple_GET_SIZE(tup);
     if (check_ndim(name, n) < 0) return -1;
+    Py_INCREF(tup); /* an item's __index__ may run Python code */
     for (Py_ssize_t i = 0; i < n; i++) {
         out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(tup, i));
-        if (out[i] == -1 && PyErr_Occurred()) return -1;
+        if (out[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(tup);
+            return -1;
+        }
+        if (out[i] < 0 && sizes) {
+            PyErr_Format(PyExc_ValueError, "%s: %s has a negative size %lld", name, what, (long long)out[i]);
+            Py_DECREF(tup);
+            return -1;
+        }
     }
+    Py_DECREF(tup);
     return (int)n;
 }
 
@@ -217,7 +227,7 @@ static int import_torch(fs_state *st, PyObject *obj, const char *name, unsigned 
     Py_CLEAR(flag);
     if (torch_flags(st, obj, name, t) < 0) goto done;
     if (!(shape = PyObject_GetAttr(obj, st->s_shape))) goto done;
-    if ((t->ndim = read_int_tuple(shape, name, "shape", t->shape)) < 0) goto done;
+    if ((t->ndim = read_int_tuple(shape, name, "shape", t->shape, 1)) < 0) goto done;
     if (!(strides = call_method0(obj, st->s_stride)) || !(ptr = call_method0(obj, st->s_data_ptr))) {
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
@@ -227,7 +237,7 @@ static int import_torch(fs_state *st, PyObject *obj, const char *name, unsigned 
         Py_XDECREF(tb);
         goto done;
     }
-    if (read_int_tuple(strides, name, "stride()", t->strides) < 0) goto done;
+    if (read_int_tuple(strides, name, "stride()", t->strides, 0) < 0) goto done;
     t->data = (char *)PyLong_AsVoidPtr(ptr);
     if (!t->data && PyErr_Occurred()) goto done;
     t->source = FS_SRC_TORCH;
@@ -252,7 +262,21 @@ static fs_dtype dl_dtype(DLDataType dt)
     return FS_NUM_DTYPES;
 }
 
-/* Fill t from a DLTensor; 0, or -1 with no exception set when its device, dtype or rank is not one flashsci takes. */
+/* Whether a DLTensor's fields can be read: a shape array where ndim > 0, no negative extent, and data where the
+ * tensor holds an element (a producer may hand over NULL for empty tensors). */
+static int dl_readable(const DLTensor *d)
+{
+    if (d->ndim > 0 && !d->shape) return 0;
+    int64_t numel = 1;
+    for (int i = 0; i < d->ndim; i++) {
+        if (d->shape[i] < 0) return 0;
+        numel = d->shape[i] == 0 ? 0 : numel;
+    }
+    return d->data || numel == 0;
+}
+
+/* Fill t from a DLTensor; 0, or -1 with no exception set when its device, dtype, rank or fields are not ones
+ * flashsci takes. */
 static int dl_fill(const DLTensor *d, unsigned allowed, fs_tensor *t)
 {
     if (d->device.device_type != kDLCPU && d->device.device_type != kDLCUDA) return -1;
@@ -260,6 +284,7 @@ static int dl_fill(const DLTensor *d, unsigned allowed, fs_tensor *t)
     t->device = t->is_cuda ? d->device.device_id : 0;
     t->dtype = dl_dtype(d->dtype);
     if (t->dtype == FS_NUM_DTYPES || !((allowed >> t->dtype) & 1) || d->ndim < 0 || d->ndim > FS_MAX_NDIM) return -1;
+    if (!dl_readable(d)) return -1;
     t->ndim = d->ndim;
     int64_t compact = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
@@ -287,7 +312,19 @@ static int from_dltensor(const DLTensor *d, const char *name, unsigned allowed, 
                      expected_list(allowed, list, sizeof list));
         return -1;
     }
-    return check_ndim(name, d->ndim);
+    if (check_ndim(name, d->ndim) < 0) return -1;
+    if (d->ndim > 0 && !d->shape) {
+        PyErr_Format(PyExc_ValueError, "%s: the DLPack tensor has %d dimensions but a NULL shape", name, (int)d->ndim);
+        return -1;
+    }
+    for (int i = 0; i < d->ndim; i++)
+        if (d->shape[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "%s: the DLPack tensor's dimension %d has a negative size %lld", name, i,
+                         (long long)d->shape[i]);
+            return -1;
+        }
+    PyErr_Format(PyExc_ValueError, "%s: the DLPack tensor holds elements but its data pointer is NULL", name);
+    return -1;
 }
 
 /* torch route with two Python calls (0.3 us per tensor where the attributes take 0.7, benchmarks/host_overhead.py):
@@ -390,16 +427,21 @@ static int cai_dtype(PyObject *typestr, const char *name, unsigned allowed, fs_d
 /* __cuda_array_interface__ route (v2/v3): shape, typestr, data, strides, mask and the v3 stream key. */
 static int import_cai(fs_state *st, PyObject *obj, const char *name, unsigned allowed, fs_tensor *t)
 {
-    PyObject *d = PyObject_GetAttr(obj, st->s_cai);
+    PyObject *d = PyObject_GetAttr(obj, st->s_cai), *shape = NULL, *typestr = NULL, *data = NULL, *strides = NULL,
+             *mask = NULL, *stream = NULL;
     int rc = -1;
     if (!d) return -1;
     if (!PyDict_Check(d)) {
         PyErr_Format(PyExc_TypeError, "%s: __cuda_array_interface__ must be a dict, got %.100s", name, Py_TYPE(d)->tp_name);
         goto done;
     }
-    PyObject *shape = PyDict_GetItemString(d, "shape"), *typestr = PyDict_GetItemString(d, "typestr"),
-             *data = PyDict_GetItemString(d, "data"), *strides = PyDict_GetItemString(d, "strides"),
-             *mask = PyDict_GetItemString(d, "mask"), *stream = PyDict_GetItemString(d, "stream");
+    /* new references: reading an entry can call back into Python (__index__), which may change the dict */
+    shape = Py_XNewRef(PyDict_GetItemString(d, "shape"));
+    typestr = Py_XNewRef(PyDict_GetItemString(d, "typestr"));
+    data = Py_XNewRef(PyDict_GetItemString(d, "data"));
+    strides = Py_XNewRef(PyDict_GetItemString(d, "strides"));
+    mask = Py_XNewRef(PyDict_GetItemString(d, "mask"));
+    stream = Py_XNewRef(PyDict_GetItemString(d, "stream"));
     if (!shape || !typestr || !data || !PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2) {
         PyErr_Format(PyExc_TypeError, "%s: __cuda_array_interface__ needs 'shape', 'typestr' and 'data' (ptr, readonly)", name);
         goto done;
@@ -409,13 +451,13 @@ static int import_cai(fs_state *st, PyObject *obj, const char *name, unsigned al
         goto done;
     }
     if (cai_dtype(typestr, name, allowed, &t->dtype) < 0) goto done;
-    if ((t->ndim = read_int_tuple(shape, name, "__cuda_array_interface__ shape", t->shape)) < 0) goto done;
+    if ((t->ndim = read_int_tuple(shape, name, "__cuda_array_interface__ shape", t->shape, 1)) < 0) goto done;
     t->data = (char *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(data, 0));
     if (!t->data && PyErr_Occurred()) goto done;
     t->readonly = PyObject_IsTrue(PyTuple_GET_ITEM(data, 1)) == 1;
     int64_t bytes[FS_MAX_NDIM];
     if (strides && strides != Py_None) {
-        if (read_int_tuple(strides, name, "__cuda_array_interface__ strides", bytes) != t->ndim) {
+        if (read_int_tuple(strides, name, "__cuda_array_interface__ strides", bytes, 0) != t->ndim) {
             if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: __cuda_array_interface__ strides and shape differ in length", name);
             goto done;
         }
@@ -435,11 +477,41 @@ static int import_cai(fs_state *st, PyObject *obj, const char *name, unsigned al
     }
     t->is_cuda = 1;
     t->source = FS_SRC_CAI;
-    if (t->data && fs_gpu_pointer_device(t->data, &t->device) < 0) goto done;
+    if (!t->data) {
+        for (int i = 0; i < t->ndim; i++)
+            if (t->shape[i] == 0) goto empty;
+        if (t->ndim >= 0) {
+            PyErr_Format(PyExc_ValueError, "%s: __cuda_array_interface__ holds elements but its data pointer is 0", name);
+            goto done;
+        }
+    } else if (fs_gpu_pointer_device(t->data, &t->device) < 0) {
+        goto done;
+    }
+empty:
     rc = 0;
 done:
     Py_DECREF(d);
+    Py_XDECREF(shape);
+    Py_XDECREF(typestr);
+    Py_XDECREF(data);
+    Py_XDECREF(strides);
+    Py_XDECREF(mask);
+    Py_XDECREF(stream);
     return rc;
+}
+
+/* Whether obj has attribute attr: 1 yes, 0 no (an AttributeError, cleared), -1 with the exception the lookup raised
+ * (a property of the producer's that fails says why; hasattr would hide it). */
+static int has_attr(PyObject *obj, PyObject *attr)
+{
+    PyObject *v = PyObject_GetAttr(obj, attr);
+    if (v) {
+        Py_DECREF(v);
+        return 1;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+    PyErr_Clear();
+    return 0;
 }
 
 int fs_tensor_import(fs_state *st, PyObject *obj, const char *name, uintptr_t stream, fs_route route,
@@ -466,9 +538,12 @@ int fs_tensor_import(fs_state *st, PyObject *obj, const char *name, uintptr_t st
         PyErr_Format(PyExc_TypeError, "%s: the torch attribute route needs a torch.Tensor, got %.200s", name, Py_TYPE(obj)->tp_name);
         return -1;
     }
-    int has_dl = route != FS_ROUTE_CAI && PyObject_HasAttr(obj, st->s_dlpack) && PyObject_HasAttr(obj, st->s_dlpack_device);
+    int has_dl = 0, has_cai = 0;
+    if (route != FS_ROUTE_CAI && (has_dl = has_attr(obj, st->s_dlpack)) > 0) has_dl = has_attr(obj, st->s_dlpack_device);
+    if (has_dl < 0) return -1;
     if (has_dl) return import_dlpack(st, obj, name, stream, allowed, t);
-    if (route != FS_ROUTE_DLPACK && PyObject_HasAttr(obj, st->s_cai)) return import_cai(st, obj, name, allowed, t);
+    if (route != FS_ROUTE_DLPACK && (has_cai = has_attr(obj, st->s_cai)) < 0) return -1;
+    if (has_cai) return import_cai(st, obj, name, allowed, t);
     PyErr_Format(PyExc_TypeError,
                  "%s: expected an array (torch.Tensor, numpy.ndarray, or an object with __dlpack__ or "
                  "__cuda_array_interface__), got %.200s", name, Py_TYPE(obj)->tp_name);
@@ -493,6 +568,11 @@ int fs_torch_data_ptr(fs_state *st, PyObject *tensor, char **data)
 
 void fs_tensor_release(fs_tensor *t)
 {
+    if (!t->dlv && !t->dl) return;
+    /* a deleter may run Python code: the caller's pending exception waits, and one the deleter raises is reported as
+     * unraisable rather than replacing it */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
     if (t->dlv) {
         if (t->dlv->deleter) t->dlv->deleter(t->dlv);
         t->dlv = NULL;
@@ -501,6 +581,8 @@ void fs_tensor_release(fs_tensor *t)
         if (t->dl->deleter) t->dl->deleter(t->dl);
         t->dl = NULL;
     }
+    if (PyErr_Occurred()) PyErr_WriteUnraisable(t->obj);
+    PyErr_Restore(type, value, tb);
 }
 
 int fs_torch_current_stream(fs_state *st, int device, uintptr_t *stream)

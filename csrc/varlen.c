@@ -8,12 +8,12 @@ static int check_cu_seqlens(const fs_tensor *c, const char *name, const fs_tenso
 {
     char b1[160];
     if (fs_check_aux(c, name, q) < 0) return -1;
-    if (c->ndim != 1 || c->shape[0] < 2) {
-        PyErr_Format(PyExc_ValueError, "%s must have shape (B + 1,) with B >= 1, got %s", name,
+    if (c->ndim != 1 || c->shape[0] < 1) {
+        PyErr_Format(PyExc_ValueError, "%s must have shape (B + 1,) with B >= 0, got %s", name,
                      fs_shape_str(c->shape, c->ndim, b1, sizeof b1));
         return -1;
     }
-    if (c->strides[0] != 1) {
+    if (c->strides[0] != 1 && c->shape[0] > 1) {
         PyErr_Format(PyExc_ValueError, "%s must be contiguous, got stride %lld", name, (long long)c->strides[0]);
         return -1;
     }
@@ -62,8 +62,8 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
     if (fs_parse_scale(scale, &opt.has_scale, &opt.scale) < 0) return NULL;
     if (t5_arg != Py_None && fs_parse_t5(t5_arg, &t5) < 0) return NULL;
     if (fs_parse_rotary(rotary_arg, &opt.rotary, &opt.rotary_base) < 0) return NULL;
-    if (max_q < 1 || max_k < 1 || max_q > INT32_MAX || max_k > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "max_seqlen_q and max_seqlen_k must be in [1, 2**31), got %lld and %lld", max_q, max_k);
+    if (max_q < 0 || max_k < 0 || max_q > FS_MAX_DIM || max_k > FS_MAX_DIM) {
+        PyErr_Format(PyExc_ValueError, "max_seqlen_q and max_seqlen_k must be in [0, 2**30], got %lld and %lld", max_q, max_k);
         return NULL;
     }
     if (stream_arg != Py_None && fs_parse_stream(st, stream_arg, &stream) < 0) return NULL;
@@ -83,6 +83,8 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
         }
     if (fs_check_kv_heads(t, 1) < 0) goto done;
     if (fs_check_rotary(opt.rotary, tq.shape[2]) < 0) goto done;
+    if ((opt.has_scale && fs_check_scale(opt.scale, tq.dtype) < 0) || fs_check_keys(max_k, tq.dtype, "max_seqlen_k") < 0)
+        goto done;
     if (tk.shape[0] != tv.shape[0]) {
         PyErr_Format(PyExc_ValueError, "k has %lld tokens but v has %lld: they must match", (long long)tk.shape[0],
                      (long long)tv.shape[0]);

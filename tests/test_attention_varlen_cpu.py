@@ -101,8 +101,10 @@ class TestVarlenErrors:
             self.call(mq=6)
 
     def test_max_seqlen_range(self):
-        with pytest.raises(ValueError, match=r"max_seqlen_q and max_seqlen_k must be in \[1, 2\*\*31\)"):
-            self.call(mq=0)
+        with pytest.raises(ValueError, match=r"max_seqlen_q and max_seqlen_k must be in \[0, 2\*\*30\]"):
+            self.call(mq=-1)
+        with pytest.raises(ValueError, match=r"max_seqlen_q and max_seqlen_k must be in \[0, 2\*\*30\]"):
+            self.call(mk=2**31)
 
     def test_entries_mismatch(self):
         with pytest.raises(ValueError, match="cu_seqlens_q has 3 entries but cu_seqlens_k has 4"):

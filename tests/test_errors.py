@@ -69,20 +69,16 @@ def test_non_contiguous_last_dim():
         flashsci.attention(q[..., ::2], k[..., ::2], v[..., ::2])
 
 
-@pytest.mark.parametrize("dim", [0, 1, 2, 3])
-def test_zero_size(dim):
-    shape = [2, 3, 20, 16]
-    shape[dim] = 0
-    z = np.empty(shape, np.float32)
-    q, k, v = qkv()
-    with pytest.raises(ValueError, match="zero-size dimension"):
-        flashsci.attention(z, k if dim == 2 else z, v if dim == 2 else z)
+def test_head_dim_zero():
+    z = np.empty((2, 3, 20, 0), np.float32)
+    with pytest.raises(ValueError, match="q has head dim 0; the head dim must be at least 1"):
+        flashsci.attention(z, z, z)
 
 
-def test_sizes_past_int32():
+def test_sizes_past_2_30():
     base = np.random.default_rng().standard_normal(16).astype(np.float32)
-    huge = as_strided(base, shape=(1, 1, 2**31, 16), strides=(0, 0, 0, 4))
-    with pytest.raises(ValueError, match=r"dimension 2 has size 2147483648; flashsci supports sizes below 2\*\*31"):
+    huge = as_strided(base, shape=(1, 1, 2**30 + 1, 16), strides=(0, 0, 0, 4))
+    with pytest.raises(ValueError, match=r"dimension 2 has size 1073741825; flashsci supports sizes up to 2\*\*30"):
         flashsci.attention(huge, huge, huge)
 
 

@@ -85,8 +85,7 @@ def test_last_dim_strided():
 
 def test_zero_size_and_zero_dim():
     x, w = xw()
-    with pytest.raises(ValueError, match="x has a zero-size dimension"):
-        flashsci.linear(x[:0], w)
+    assert flashsci.linear(x[:0], w).shape == (0, w.shape[0])     # no rows: an empty result, as torch gives
     with pytest.raises(ValueError, match="at least 1 dimension"):
         flashsci.linear(np.array(1.0, np.float32), w)
 

@@ -35,6 +35,10 @@ int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count);
  * plan non-NULL only describe the launch. */
 cudaError_t fs_attention_sm90(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan);
 
+/* Every query row of p (padded or packed) written as zeros and its lse as -inf (fill.cu): the result of attention
+ * over no key at all, where the kernels have nothing to load. */
+cudaError_t fs_attention_no_keys(const fs_attn_params *p, cudaStream_t stream);
+
 /* Bytes of workspace the rotary pre-pass needs for p's q and k (fp16/bf16). */
 size_t fs_rotary_bytes(const fs_attn_params *p);
 

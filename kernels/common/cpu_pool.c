@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 typedef struct {
     fs_cpu_task fn;
@@ -11,38 +12,63 @@ typedef struct {
     size_t scratch_bytes;
     int64_t num_tasks;
     atomic_llong next;
-    atomic_int failed, ran;
+    atomic_int failed, ran, stopped;
+    fs_cpu_poll poll; /* asked by the calling thread only */
+    void *poll_ctx;
 } fs_cpu_job;
 
-/* Worker: take tasks off the shared counter until none are left. */
-static void *pool_worker(void *arg)
+/* Monotonic nanoseconds. */
+static int64_t now_ns(void)
 {
-    fs_cpu_job *job = (fs_cpu_job *)arg;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Take tasks off the shared counter until none are left or the run is stopped; with poll (the calling thread),
+ * ask it every FS_CPU_POLL_NS between tasks. */
+static void work(fs_cpu_job *job, fs_cpu_poll poll)
+{
     void *scratch = malloc(job->scratch_bytes ? job->scratch_bytes : 1);
     if (!scratch) {
         atomic_store(&job->failed, 1);
-        return NULL;
+        return;
     }
     atomic_store(&job->ran, 1);
-    for (;;) {
+    int64_t next_poll = poll ? now_ns() + FS_CPU_POLL_NS : 0;
+    while (!atomic_load_explicit(&job->stopped, memory_order_relaxed)) {
         const int64_t t = atomic_fetch_add(&job->next, 1);
         if (t >= job->num_tasks) break;
         job->fn(job->ctx, t, scratch);
+        if (poll && now_ns() >= next_poll) {
+            if (poll(job->poll_ctx)) atomic_store(&job->stopped, 1);
+            next_poll = now_ns() + FS_CPU_POLL_NS;
+        }
     }
     free(scratch);
+}
+
+/* Worker thread. */
+static void *pool_worker(void *arg)
+{
+    work((fs_cpu_job *)arg, NULL);
     return NULL;
 }
 
-int fs_cpu_parallel(int64_t num_tasks, int threads, size_t scratch_bytes, fs_cpu_task fn, void *ctx)
+int fs_cpu_parallel(int64_t num_tasks, int threads, size_t scratch_bytes, fs_cpu_task fn, void *ctx, fs_cpu_poll poll,
+                    void *poll_ctx)
 {
     fs_cpu_job job;
     job.fn = fn;
     job.ctx = ctx;
     job.scratch_bytes = scratch_bytes;
     job.num_tasks = num_tasks;
+    job.poll = poll;
+    job.poll_ctx = poll_ctx;
     atomic_init(&job.next, 0);
     atomic_init(&job.failed, 0);
     atomic_init(&job.ran, 0);
+    atomic_init(&job.stopped, 0);
     int64_t want = threads < num_tasks ? threads : num_tasks;
     if (want > 256) want = 256;
     pthread_t tids[256];
@@ -51,8 +77,9 @@ int fs_cpu_parallel(int64_t num_tasks, int threads, size_t scratch_bytes, fs_cpu
         if (pthread_create(&tids[started], NULL, pool_worker, &job) != 0) break;
         started++;
     }
-    pool_worker(&job); /* the calling thread works too */
+    work(&job, poll); /* the calling thread works too, and polls */
     for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
+    if (atomic_load(&job.stopped)) return -2;
     return atomic_load(&job.ran) && atomic_load(&job.next) >= num_tasks ? 0 : -1;
 }
 

@@ -34,7 +34,7 @@ template <fs_activation ACT> FS_DEV float gemm_activate(float v)
 {
     constexpr float LOG2E = 1.4426950408889634f, TANH_K = -2.f * 0.79788456080286536f * LOG2E;
     switch (ACT) {
-    case FS_ACT_RELU: return fmaxf(v, 0.f);
+    case FS_ACT_RELU: return v < 0.f ? 0.f : v; /* NaN stays NaN, as torch.relu (fmaxf would give 0) */
     case FS_ACT_GELU: {
         const float z = fabsf(v);
         float t = fmaf(5.38297490e-06f, z, 4.88906371e-05f);

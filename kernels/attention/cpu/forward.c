@@ -93,11 +93,12 @@ static void attention_task(void *ctx, int64_t t, void *scratch)
     else attention_block_f(p, bh / p->H, bh % p->H, i0, (float *)scratch);
 }
 
-int fs_attention_cpu(const fs_attn_params *p, int num_threads)
+int fs_attention_cpu(const fs_attn_params *p, int num_threads, fs_cpu_poll poll, void *poll_ctx)
 {
     const size_t real = p->dtype == FS_F64 ? sizeof(double) : sizeof(float);
     const size_t n = (size_t)2 * FS_CPU_BR * p->D + (size_t)2 * FS_CPU_BC * p->D + (size_t)FS_CPU_BR * FS_CPU_BC;
     const int64_t tasks = (int64_t)p->B * p->H * ((p->Sq + FS_CPU_BR - 1) / FS_CPU_BR);
     const double flops = 4.0 * p->B * p->H * (double)p->Sq * p->Sk * p->D;
-    return fs_cpu_parallel(tasks, fs_cpu_threads_for(flops, num_threads), n * real, attention_task, (void *)p);
+    return fs_cpu_parallel(tasks, fs_cpu_threads_for(flops, num_threads), n * real, attention_task, (void *)p, poll,
+                           poll_ctx);
 }

@@ -103,9 +103,10 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
             if (p->causal)
                 for (int c = 0; c < cols; c++)
                     if (j0 + c > i0 + r) s[c] = -INFINITY;
-            /* m_new = max(m_i, rowmax S_ij);  P_ij = exp(S_ij - m_new);  l_i = e^(m_i - m_new) l_i + rowsum P_ij */
+            /* m_new = max(m_i, rowmax S_ij);  P_ij = exp(S_ij - m_new);  l_i = e^(m_i - m_new) l_i + rowsum P_ij.
+             * A NaN score makes m_new NaN, and with it the row's l_i and O_i, as torch's softmax does */
             REAL mx = m[r];
-            for (int c = 0; c < cols; c++) mx = s[c] > mx ? s[c] : mx;
+            for (int c = 0; c < cols; c++) mx = s[c] > mx || s[c] != s[c] ? s[c] : mx;
             if (mx == -INFINITY) continue;           /* every key so far masked: nothing to add */
             const REAL alpha = EXP(m[r] - mx);
             REAL sum = 0;
@@ -133,17 +134,18 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
             }
         }
     }
-    /* O_i = O_i / l_i;  lse_i = m_i + log(l_i); a row that saw no key is written as zeros, lse -inf */
+    /* O_i = O_i / l_i;  lse_i = m_i + log(l_i); a row that saw no key (l_i = 0) is written as zeros, lse -inf; a NaN
+     * l_i stays NaN in both */
     char *ob = (char *)p->o;
     for (int64_t r = 0; r < rows; r++) {
         if (p->cu_seqlens_q && r >= active) break;
-        const REAL inv = l[r] > 0 ? 1 / l[r] : 0;
+        const REAL inv = l[r] == 0 ? 0 : 1 / l[r];
         REAL *o = Oi + r * D;
         for (int d = 0; d < D; d++) o[d] *= inv;
         STORE_ROW(o, p->dtype, ob + es * (b * p->o_sb + h * p->o_sh + (qo + i0 + r) * p->o_ss), D);
         if (p->lse) {
             const int64_t li = b * p->lse_sb + h * p->lse_sh + qo + i0 + r;
-            const REAL lse = l[r] > 0 ? m[r] + LOG(l[r]) : -INFINITY;
+            const REAL lse = l[r] == 0 ? -INFINITY : m[r] + LOG(l[r]);
             if (p->dtype == FS_F64) ((double *)p->lse)[li] = (double)lse;
             else ((float *)p->lse)[li] = (float)lse;
         }

@@ -570,7 +570,7 @@ __global__ void __launch_bounds__(fs_block<D, V, FEAT>::THREADS) attention_fwd_s
             l += __shfl_xor_sync(0xffffffff, l, 2);
             if (FEAT && warp_row + mt * 16 + g + r * 8 >= seq.q_len) l = 0.f;
             inv[mt][r] = l > 0.f ? 1.f / l : 0.f;
-            lse[mt][r] = l > 0.f ? (m_i[mt][r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+            lse[mt][r] = l == 0.f ? -INFINITY : (m_i[mt][r] + __log2f(l)) * 0.69314718055994531f; /* NaN l: NaN */
         }
     const int64_t bh_row = (int64_t)bh * p.Sq;
     T *gO = static_cast<T *>(p.o) + b * p.o_sb + h * p.o_sh + seq.qo * p.o_ss;
@@ -624,14 +624,15 @@ __global__ void __launch_bounds__(fs_block<D, V, FEAT>::THREADS) attention_fwd_s
 #pragma unroll
             for (int sp = 0; sp < FS_MAX_SPLITS; sp++)
                 if (sp < a.n_splits) {
-                    const float w = mx == -INFINITY ? 0.f : __expf(ls[sp] - mx);
+                    /* a split whose rows met a NaN has lse NaN (fmaxf left it out of mx): its weight stays NaN */
+                    const float w = ls[sp] != ls[sp] ? ls[sp] : mx == -INFINITY ? 0.f : __expf(ls[sp] - mx);
                     sum += w;
                     o.x += w * x[sp].x; o.y += w * x[sp].y; o.z += w * x[sp].z; o.w += w * x[sp].w;
                 }
             const float invs = sum > 0.f ? 1.f / sum : 0.f;
             const uint2 packed = make_uint2(pack2<T>(o.x * invs, o.y * invs), pack2<T>(o.z * invs, o.w * invs));
             *reinterpret_cast<uint2 *>(gO + (int64_t)(q0 + r) * p.o_ss + c * 4) = packed;
-            if (gL && c == 0) gL[q0 + r] = sum > 0.f ? mx + __logf(sum) : -INFINITY;
+            if (gL && c == 0) gL[q0 + r] = sum == 0.f ? -INFINITY : mx + __logf(sum);
         }
         return;
     }

@@ -42,7 +42,7 @@ template <int D, int NWG, typename T, bool FEAT> struct sm90_epilogue {
             inv[r] = l > 0.f ? rcp_newton(l) : 0.f; /* l >= 1 where a key counts: its row max weighs 1 */
             if (p.lse && t4 == 0 && row < (packed ? w.seq.q_len : p.Sq))
                 static_cast<float *>(p.lse)[w.b * p.lse_sb + w.h * p.lse_sh + w.seq.qo + row] =
-                    l > 0.f ? (m_i[r] + __log2f(l)) * 0.69314718055994531f : -INFINITY;
+                    l == 0.f ? -INFINITY : (m_i[r] + __log2f(l)) * 0.69314718055994531f; /* NaN l: NaN */
         }
     }
 

@@ -22,7 +22,7 @@
 double fs_activate(fs_activation act, double v)
 {
     switch (act) {
-    case FS_ACT_RELU: return v > 0.0 ? v : 0.0;
+    case FS_ACT_RELU: return v < 0.0 ? 0.0 : v; /* NaN stays NaN, as torch.relu */
     case FS_ACT_GELU: return 0.5 * v * (1.0 + erf(v * 0.70710678118654752440));
     case FS_ACT_GELU_TANH: return 0.5 * v * (1.0 + tanh(0.79788456080286535588 * (v + 0.044715 * v * v * v)));
     case FS_ACT_SILU: return v / (1.0 + exp(-v));
@@ -96,10 +96,10 @@ static void gemm_task(void *ctx, int64_t t, void *scratch)
     }
 }
 
-int fs_gemm_cpu(const fs_gemm_params *p, int num_threads)
+int fs_gemm_cpu(const fs_gemm_params *p, int num_threads, fs_cpu_poll poll, void *poll_ctx)
 {
     const int64_t tasks = (int64_t)((p->M + FS_GEMM_MB - 1) / FS_GEMM_MB) * ((p->N + FS_GEMM_NB - 1) / FS_GEMM_NB);
     const double flops = 2.0 * p->M * (double)p->N * p->K * (p->swiglu ? 2 : 1);
     return fs_cpu_parallel(tasks, fs_cpu_threads_for(flops, num_threads), scratch_doubles() * sizeof(double), gemm_task,
-                           (void *)p);
+                           (void *)p, poll, poll_ctx);
 }
