@@ -24,7 +24,7 @@ if [[ $STEPS == *build* ]]; then
   python3 -c "import flashsci; print(flashsci.build_info(), flashsci.device_info())"
 fi
 if [[ $STEPS == *test* ]]; then
-  python3 -m pytest -q -x tests/ ${TEST_ARGS:-} 2>&1 | tee "$OUT/logs/tests.log" | tail -15 || status=1
+  python3 -m pytest -q --maxfail=30 tests/ ${TEST_ARGS:-} 2>&1 | tee "$OUT/logs/tests.log" | tail -40 || status=1
 fi
 if [[ $STEPS == *sanitize* ]]; then
   for tool in memcheck racecheck; do
