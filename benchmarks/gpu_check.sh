@@ -6,13 +6,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashsci-out}
-STEPS=${STEPS:-"build test sanitize bench"}
+STEPS=" ${STEPS:-build test sanitize bench} "   # padded: steps match as whole words
 mkdir -p "$OUT/logs"
 export PYTHONUNBUFFERED=1
 status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/logs/gpu.txt"
 
-if [[ $STEPS == *build* ]]; then
+if [[ $STEPS == *" build "* ]]; then
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
   [[ $cc == 90 ]] && cc=90a   # Hopper: the wgmma kernel needs the arch-specific target
   t0=$(date +%s)
@@ -23,25 +23,25 @@ if [[ $STEPS == *build* ]]; then
   echo "build: $(( $(date +%s) - t0 )) s for sm_$cc"
   python3 -c "import flashsci; print(flashsci.build_info(), flashsci.device_info())"
 fi
-if [[ $STEPS == *test* ]]; then
+if [[ $STEPS == *" test "* ]]; then
   python3 -m pytest -q --maxfail=30 tests/ ${TEST_ARGS:-} 2>&1 | tee "$OUT/logs/tests.log" | tail -40 || status=1
 fi
-if [[ $STEPS == *sanitize* ]]; then
+if [[ $STEPS == *" sanitize "* ]]; then
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 python3 benchmarks/sanitize_cases.py >"$OUT/logs/sanitize_$tool.log" 2>&1
     echo "compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/logs/sanitize_$tool.log" | tail -1))"
     grep -m1 -B2 -A12 -E "Warning|Error" "$OUT/logs/sanitize_$tool.log" | head -30
   done
 fi
-if [[ $STEPS == *benchtest* ]]; then
+if [[ $STEPS == *" benchtest "* ]]; then
   python3 -m pytest -q -m bench tests/test_bench.py --benchmark-json="$OUT/pytest_bench.json" \
     --benchmark-columns=median,min,max,rounds 2>&1 | tee "$OUT/logs/pytest_bench.log" | tail -40 || status=1
 fi
-if [[ $STEPS == *host* ]]; then
+if [[ $STEPS == *" host "* ]]; then
   nvcc -O2 -o /tmp/launch_cost benchmarks/launch_cost.cu -lcuda && /tmp/launch_cost 2>&1 | tee "$OUT/logs/launch_cost.log"
   python3 benchmarks/host_overhead.py --out "$OUT" 2>&1 | tee "$OUT/logs/host.log"
 fi
-if [[ $STEPS == *bench* ]]; then
+if [[ $STEPS == *" bench "* ]]; then
   python3 -m flashsci.bench ${BENCH_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/logs/bench.log" | tail -60
 fi
 exit $status

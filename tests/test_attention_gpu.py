@@ -1,6 +1,7 @@
 """CUDA attention against torch: max error <= 2x the error of torch's own fp16/bf16 SDPA against a float64
 reference, on the benchmark's configs and >= 200 fuzzed shapes, outputs poisoned before each run."""
 import math
+import os
 import random
 
 import numpy as np
@@ -246,7 +247,8 @@ class TestGpuErrors:
             flashsci.attention(*wrapped)
         torch.cuda.synchronize()
         assert torch.cuda.memory_allocated() == before
-        assert free_before - torch.cuda.mem_get_info()[0] < 64 << 20
+        if "PYTEST_XDIST_WORKER" not in os.environ:   # other test processes share the device's free memory
+            assert free_before - torch.cuda.mem_get_info()[0] < 64 << 20
 
 
 class DLPackOnly:
