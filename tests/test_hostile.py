@@ -1,6 +1,5 @@
 """Hostile and extreme inputs: malformed producers, sizes at the limits, empty work, errors that keep their message,
 Ctrl-C. No call may crash, return garbage or lose its exception."""
-import ctypes
 import os
 import signal
 import subprocess

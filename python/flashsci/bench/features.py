@@ -11,6 +11,7 @@
 Kernel times by CUDA-graph replay (median), one run, one GPU.
 """
 import itertools
+import os
 import random
 import statistics
 import time
