@@ -477,3 +477,151 @@ int fs_check_rotary(int on, int64_t D)
     }
     return 0;
 }
+
+/* (B, H, S, D) positions of a 4-D tensor's dimensions in the chosen layout. */
+void fs_layout_dims(int bshd, int *ib, int *ih, int *is)
+{
+    *ib = 0;
+    *ih = bshd ? 2 : 1;
+    *is = bshd ? 1 : 2;
+}
+
+/* All q/k/v checks: rank, dtype, device, shapes (K/V heads may serve groups of query heads), strides, sizes,
+ * alignment, head dim. */
+int fs_check_padded_qkv(int bshd, fs_tensor *const t[3])
+{
+    static const char *names[3] = {"q", "k", "v"};
+    const char *layout = bshd ? "(B, S, H, D) for layout 'bshd'" : "(B, H, S, D) for layout 'bhsd'";
+    char b1[160], b2[160];
+    int ib, ih, is;
+    fs_layout_dims(bshd, &ib, &ih, &is);
+    if (fs_check_qkv(t, 4, layout) < 0) return -1;
+    static const char *what[2] = {"batch size", "head dim"};
+    const int dims[2] = {ib, 3};
+    for (int i = 1; i < 3; i++)
+        for (int j = 0; j < 2; j++)
+            if (t[i]->shape[dims[j]] != t[0]->shape[dims[j]]) {
+                PyErr_Format(PyExc_ValueError, "%s has %s %lld but q has %lld (q %s, %s %s, layout '%s')", names[i], what[j],
+                             (long long)t[i]->shape[dims[j]], (long long)t[0]->shape[dims[j]],
+                             fs_shape_str(t[0]->shape, 4, b1, sizeof b1), names[i], fs_shape_str(t[i]->shape, 4, b2, sizeof b2),
+                             bshd ? "bshd" : "bhsd");
+                return -1;
+            }
+    if (fs_check_kv_heads(t, ih) < 0) return -1;
+    if (t[1]->shape[is] != t[2]->shape[is]) {
+        PyErr_Format(PyExc_ValueError, "k has sequence length %lld but v has %lld: they must match",
+                     (long long)t[1]->shape[is], (long long)t[2]->shape[is]);
+        return -1;
+    }
+    if ((int64_t)t[0]->shape[ib] * t[0]->shape[ih] > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "batch x heads = %lld; flashsci supports below 2**31",
+                     (long long)(t[0]->shape[ib] * t[0]->shape[ih]));
+        return -1;
+    }
+    return 0;
+}
+
+/* key_padding_mask: bool (B or 1, Sk). Fills the kernel's pointer and strides (stride 0 when broadcast). */
+int fs_check_kpm(const fs_tensor *m, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out)
+{
+    char b1[160];
+    if (fs_check_aux(m, "key_padding_mask", q) < 0) return -1;
+    if (m->ndim != 2 || (m->shape[0] != p->B && m->shape[0] != 1) || m->shape[1] != p->Sk) {
+        PyErr_Format(PyExc_ValueError, "key_padding_mask must have shape (B, Sk) = (%d, %d) (True = keep), got %s", p->B, p->Sk,
+                     fs_shape_str(m->shape, m->ndim, b1, sizeof b1));
+        return -1;
+    }
+    out->kpm = (const uint8_t *)m->data;
+    out->kpm_sb = m->shape[0] == 1 ? 0 : m->strides[0];
+    out->kpm_sk = m->strides[1];
+    return 0;
+}
+
+/* seqlens: int32 (B,), contiguous, self-attention (Sq == Sk); values checked on the CPU. */
+int fs_check_seqlens(const fs_tensor *l, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out)
+{
+    char b1[160];
+    if (fs_check_aux(l, "seqlens", q) < 0) return -1;
+    if (l->ndim != 1 || l->shape[0] != p->B) {
+        PyErr_Format(PyExc_ValueError, "seqlens must have shape (B,) = (%d,), got %s", p->B, fs_shape_str(l->shape, l->ndim, b1, sizeof b1));
+        return -1;
+    }
+    if (l->strides[0] != 1 && l->shape[0] != 1) {
+        PyErr_Format(PyExc_ValueError, "seqlens must be contiguous, got stride %lld", (long long)l->strides[0]);
+        return -1;
+    }
+    if (p->Sq != p->Sk) {
+        PyErr_Format(PyExc_ValueError, "seqlens is for self-attention on a padded batch (Sq == Sk), got Sq=%d, Sk=%d; "
+                     "use key_padding_mask or attention_varlen", p->Sq, p->Sk);
+        return -1;
+    }
+    for (int b = 0; !l->is_cuda && b < p->B; b++) {
+        const int32_t v = ((const int32_t *)l->data)[b];
+        if (v < 0 || v > p->Sq) {
+            PyErr_Format(PyExc_ValueError, "seqlens[%d] = %d is outside [0, S] = [0, %d]", b, (int)v, p->Sq);
+            return -1;
+        }
+    }
+    out->seqlens = (const int32_t *)l->data;
+    return 0;
+}
+
+/* bias: float, broadcastable (numpy rules, right-aligned) to (B, H, Sq, Sk) in that order for both layouts. */
+int fs_check_bias(const fs_tensor *x, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out)
+{
+    char b1[160];
+    const int64_t full[4] = {p->B, p->H, p->Sq, p->Sk};
+    int64_t st[4] = {0, 0, 0, 0};
+    if (fs_check_aux(x, "bias", q) < 0) return -1;
+    int ok = x->ndim >= 1 && x->ndim <= 4;
+    for (int i = 0; ok && i < x->ndim; i++) {
+        const int d = 4 - x->ndim + i;
+        ok = x->shape[i] == full[d] || x->shape[i] == 1;
+        st[d] = x->shape[i] == 1 ? 0 : x->strides[i];
+    }
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "bias of shape %s does not broadcast to (B, H, Sq, Sk) = (%d, %d, %d, %d)",
+                     fs_shape_str(x->shape, x->ndim, b1, sizeof b1), p->B, p->H, p->Sq, p->Sk);
+        return -1;
+    }
+    out->bias = x->data;
+    out->bias_sb = st[0]; out->bias_sh = st[1]; out->bias_sq = st[2]; out->bias_sk = st[3];
+    out->bias_dtype = x->dtype;
+    return 0;
+}
+
+/* cu_seqlens: int32 (B + 1,), contiguous; on the CPU also 0 first, non-decreasing, total last, and no
+ * sequence longer than max_seqlen. */
+int fs_check_cu_seqlens(const fs_tensor *c, const char *name, const fs_tensor *q, int64_t total, long long max_seqlen)
+{
+    char b1[160];
+    if (fs_check_aux(c, name, q) < 0) return -1;
+    if (c->ndim != 1 || c->shape[0] < 1) {
+        PyErr_Format(PyExc_ValueError, "%s must have shape (B + 1,) with B >= 0, got %s", name,
+                     fs_shape_str(c->shape, c->ndim, b1, sizeof b1));
+        return -1;
+    }
+    if (c->strides[0] != 1 && c->shape[0] > 1) {
+        PyErr_Format(PyExc_ValueError, "%s must be contiguous, got stride %lld", name, (long long)c->strides[0]);
+        return -1;
+    }
+    const int32_t *v = (const int32_t *)c->data;
+    for (int64_t b = 0; !c->is_cuda && b < c->shape[0]; b++) {
+        if (b == 0 ? v[0] != 0 : v[b] < v[b - 1]) {
+            PyErr_Format(PyExc_ValueError, "%s must start at 0 and never decrease, got %s[%lld] = %d", name, name,
+                         (long long)b, (int)v[b]);
+            return -1;
+        }
+        if (b > 0 && v[b] - v[b - 1] > max_seqlen) {
+            PyErr_Format(PyExc_ValueError, "sequence %lld has %d tokens, more than max_seqlen %lld given for %s",
+                         (long long)b - 1, (int)(v[b] - v[b - 1]), max_seqlen, name);
+            return -1;
+        }
+    }
+    if (!c->is_cuda && v[c->shape[0] - 1] != total) {
+        PyErr_Format(PyExc_ValueError, "%s ends at %d but the packed tensor has %lld tokens", name,
+                     (int)v[c->shape[0] - 1], (long long)total);
+        return -1;
+    }
+    return 0;
+}

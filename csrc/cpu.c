@@ -41,3 +41,12 @@ int fs_cpu_run_gemm(const fs_gemm_params *p, int threads)
     Py_END_ALLOW_THREADS
     return cpu_status(rc);
 }
+
+int fs_cpu_run_backward(const fs_attn_bwd_params *g, int threads)
+{
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fs_attention_backward_cpu(g, threads, signal_raised, NULL);
+    Py_END_ALLOW_THREADS
+    return cpu_status(rc);
+}

@@ -57,6 +57,47 @@ PyDoc_STRVAR(attention_varlen_doc,
 "    >>> flashsci.attention_varlen(q, q, q, cu, cu, 4, 4).shape\n"
 "    (7, 2, 16)");
 
+PyDoc_STRVAR(attention_backward_doc,
+"attention_backward($module, dout, q, k, v, out, lse, /, *, causal=False, scale=None, layout='bhsd',\n"
+"                   key_padding_mask=None, seqlens=None, bias=None, t5_bias=None, rotary=None, dq=None, dk=None,\n"
+"                   dv=None, bias_grad=False, t5_grad=False, deterministic=False, stream=None)\n"
+"--\n"
+"\n"
+"The gradients of attention(q, k, v, ...) with respect to q, k and v, given dout (the gradient of the output) and\n"
+"the forward's out and lse (attention(..., return_lse=True)). The options must be the forward's.\n"
+"\n"
+"Returns (dq, dk, dv) with q's, k's and v's shapes (grouped K/V heads: summed over the query heads sharing them;\n"
+"rotary: with respect to the unrotated q and k), then dbias in the bias's own shape with bias_grad=True (summed\n"
+"over its broadcast dims), then the T5 table's gradient (H, num_buckets) float32 with t5_grad=True. dq, dk, dv:\n"
+"write the gradients there. deterministic=True: bit-identical results run to run (the CPU always is; CUDA then\n"
+"accumulates dq without float atomics). Rows with no kept key get zero gradients. No S x S buffer anywhere.\n"
+"\n"
+"Example:\n"
+"    >>> import numpy as np, flashsci\n"
+"    >>> q, k, v = (np.random.rand(1, 2, 8, 16) for _ in range(3))\n"
+"    >>> out, lse = flashsci.attention(q, k, v, return_lse=True)\n"
+"    >>> dq, dk, dv = flashsci.attention_backward(np.ones_like(out), q, k, v, out, lse)\n"
+"    >>> dq.shape\n"
+"    (1, 2, 8, 16)");
+
+PyDoc_STRVAR(attention_varlen_backward_doc,
+"attention_varlen_backward($module, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,\n"
+"                          max_seqlen_k, /, *, causal=False, scale=None, t5_bias=None, rotary=None, dq=None, dk=None,\n"
+"                          dv=None, t5_grad=False, deterministic=False, stream=None)\n"
+"--\n"
+"\n"
+"The gradients of attention_varlen(...) over packed sequences: dout, out (total_q, H, D), lse (H, total_q) as the\n"
+"forward returned them. Returns (dq, dk, dv) packed like q, k, v, then the T5 table's gradient with t5_grad=True.\n"
+"Other arguments as for attention_backward().\n"
+"\n"
+"Example:\n"
+"    >>> import numpy as np, flashsci\n"
+"    >>> q = np.random.rand(7, 2, 16)\n"
+"    >>> cu = np.array([0, 3, 7], dtype='int32')\n"
+"    >>> out, lse = flashsci.attention_varlen(q, q, q, cu, cu, 4, 4, return_lse=True)\n"
+"    >>> [g.shape for g in flashsci.attention_varlen_backward(np.ones_like(out), q, q, q, out, lse, cu, cu, 4, 4)]\n"
+"    [(7, 2, 16), (7, 2, 16), (7, 2, 16)]");
+
 PyDoc_STRVAR(linear_doc,
 "linear($module, x, weight, bias=None, *, activation=None, out=None, out_dtype=None, stream=None)\n"
 "--\n"

@@ -101,6 +101,16 @@ PyObject *fs_new_output(fs_state *st, const fs_tensor *q, int ndim, const int64_
                         uintptr_t stream, char **data);
 
 int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout);
+/* (B, H, S, D) positions of a 4-D tensor's dimensions in layout bshd (1) or bhsd (0). */
+void fs_layout_dims(int bshd, int *ib, int *ih, int *is);
+/* q, k, v of the padded entry points (4-D in the layout): fs_check_qkv, then matching B and D, heads, lengths. */
+int fs_check_padded_qkv(int bshd, fs_tensor *const t[3]);
+/* The optional arrays of attention, checked against p (sizes) and filled into out's fields. */
+int fs_check_kpm(const fs_tensor *m, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out);
+int fs_check_seqlens(const fs_tensor *l, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out);
+int fs_check_bias(const fs_tensor *x, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out);
+/* cu_seqlens: int32 (B + 1,); on the CPU also its values against total tokens and max_seqlen. */
+int fs_check_cu_seqlens(const fs_tensor *c, const char *name, const fs_tensor *q, int64_t total, long long max_seqlen);
 int fs_check_kv_heads(fs_tensor *const t[3], int ih);
 int fs_kv_group(int64_t hq, int64_t hk, int64_t k_sh, int64_t v_sh);
 int fs_parse_scale(PyObject *obj, int *has_scale, double *scale);
@@ -135,6 +145,11 @@ void fs_attn_params_build(fs_attn_params *p, const fs_attn_options *opt, int B, 
  * KeyboardInterrupt. 0, or -1 with an exception set. */
 int fs_cpu_run_attention(const fs_attn_params *p, int threads);
 int fs_cpu_run_gemm(const fs_gemm_params *p, int threads);
+int fs_cpu_run_backward(const fs_attn_bwd_params *g, int threads);
+
+/* backward.c */
+PyObject *fs_attention_backward(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fs_attention_varlen_backward(PyObject *module, PyObject *args, PyObject *kwargs);
 
 /* attention.c */
 /* Run checked parameters: the CUDA kernels on stream (after the streams arrays[0..n) named), else the
@@ -167,6 +182,8 @@ int fs_gpu_pointer_device(const void *ptr, int *device);
 void *fs_gpu_malloc_async(size_t bytes, uintptr_t stream, int device);
 void fs_gpu_free_async(void *ptr, uintptr_t stream, int device);
 int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice);
+/* The gradients of g on device. */
+int fs_gpu_attention_backward(const fs_attn_bwd_params *g, int device, uintptr_t stream, const fs_kernel_choice *choice);
 /* Every query row of p written as zeros with lse -inf: the result when there is no key at all. */
 int fs_gpu_attention_no_keys(const fs_attn_params *p, int device, uintptr_t stream);
 PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device, const fs_kernel_choice *choice); /* dict */

@@ -172,6 +172,17 @@ int fs_gpu_attention(const fs_attn_params *p, int device, uintptr_t stream, cons
     return attention_launch(p, device, stream, choice, NULL);
 }
 
+int fs_gpu_attention_backward(const fs_attn_bwd_params *g, int device, uintptr_t stream, const fs_kernel_choice *choice)
+{
+    fs_gpu_props props;
+    int prev;
+    (void)choice;
+    if (launch_begin(device, "attention backward", &props, &prev) < 0) return -1;
+    cudaError_t err = fs_attention_backward_sm80(g, device, props.sm_count, props.major, (cudaStream_t)stream);
+    fs_gpu_device_leave(prev, device);
+    return err == cudaSuccess ? 0 : cuda_fail(err, "attention backward launch");
+}
+
 int fs_gpu_attention_no_keys(const fs_attn_params *p, int device, uintptr_t stream)
 {
     int prev;
@@ -249,6 +260,11 @@ int fs_gpu_attention(const fs_attn_params *p, int d, uintptr_t s, const fs_kerne
 int fs_gpu_attention_no_keys(const fs_attn_params *p, int d, uintptr_t s)
 {
     (void)p; (void)d; (void)s;
+    return no_cuda();
+}
+int fs_gpu_attention_backward(const fs_attn_bwd_params *g, int d, uintptr_t s, const fs_kernel_choice *c)
+{
+    (void)g; (void)d; (void)s; (void)c;
     return no_cuda();
 }
 PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int d, const fs_kernel_choice *c)

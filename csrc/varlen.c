@@ -2,42 +2,6 @@
  * FlashAttention's cu_seqlens convention, so a batch of proteins of 80 to 8000 residues carries no padding. */
 #include "flashsci.h"
 
-/* cu_seqlens: int32 (B + 1,), contiguous; on the CPU also 0 first, non-decreasing, total last, and no
- * sequence longer than max_seqlen. */
-static int check_cu_seqlens(const fs_tensor *c, const char *name, const fs_tensor *q, int64_t total, long long max_seqlen)
-{
-    char b1[160];
-    if (fs_check_aux(c, name, q) < 0) return -1;
-    if (c->ndim != 1 || c->shape[0] < 1) {
-        PyErr_Format(PyExc_ValueError, "%s must have shape (B + 1,) with B >= 0, got %s", name,
-                     fs_shape_str(c->shape, c->ndim, b1, sizeof b1));
-        return -1;
-    }
-    if (c->strides[0] != 1 && c->shape[0] > 1) {
-        PyErr_Format(PyExc_ValueError, "%s must be contiguous, got stride %lld", name, (long long)c->strides[0]);
-        return -1;
-    }
-    const int32_t *v = (const int32_t *)c->data;
-    for (int64_t b = 0; !c->is_cuda && b < c->shape[0]; b++) {
-        if (b == 0 ? v[0] != 0 : v[b] < v[b - 1]) {
-            PyErr_Format(PyExc_ValueError, "%s must start at 0 and never decrease, got %s[%lld] = %d", name, name,
-                         (long long)b, (int)v[b]);
-            return -1;
-        }
-        if (b > 0 && v[b] - v[b - 1] > max_seqlen) {
-            PyErr_Format(PyExc_ValueError, "sequence %lld has %d tokens, more than max_seqlen %lld given for %s",
-                         (long long)b - 1, (int)(v[b] - v[b - 1]), max_seqlen, name);
-            return -1;
-        }
-    }
-    if (!c->is_cuda && v[c->shape[0] - 1] != total) {
-        PyErr_Format(PyExc_ValueError, "%s ends at %d but the packed tensor has %lld tokens", name,
-                     (int)v[c->shape[0] - 1], (long long)total);
-        return -1;
-    }
-    return 0;
-}
-
 PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "causal",
@@ -92,8 +56,8 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
     }
     if (fs_tensor_import(st, cq, "cu_seqlens_q", stream, FS_ROUTE_AUTO, 1u << FS_I32, &tcq) < 0 ||
         fs_tensor_import(st, ck, "cu_seqlens_k", stream, FS_ROUTE_AUTO, 1u << FS_I32, &tck) < 0 ||
-        check_cu_seqlens(&tcq, "cu_seqlens_q", &tq, tq.shape[0], max_q) < 0 ||
-        check_cu_seqlens(&tck, "cu_seqlens_k", &tq, tk.shape[0], max_k) < 0)
+        fs_check_cu_seqlens(&tcq, "cu_seqlens_q", &tq, tq.shape[0], max_q) < 0 ||
+        fs_check_cu_seqlens(&tck, "cu_seqlens_k", &tq, tk.shape[0], max_k) < 0)
         goto done;
     if (tcq.shape[0] != tck.shape[0]) {
         PyErr_Format(PyExc_ValueError, "cu_seqlens_q has %lld entries but cu_seqlens_k has %lld: one per sequence plus one",

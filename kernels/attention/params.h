@@ -63,6 +63,26 @@ typedef struct {
     fs_dtype t5_dtype;
 } fs_attn_params;
 
+/* The gradients of one attention problem: p is the forward's problem as it ran (q, k, v, the options), with o and
+ * lse the forward's output and logsumexp (inputs here); dO has o's layout. dq, dk, dv have q's, k's and v's shapes
+ * (dk, dv summed over the query heads that share a K/V head: p.kv_group is H / Hkv here, also for K/V broadcast over
+ * the heads); rotary gradients are with respect to the unrotated q and k. dbias, when wanted, has the bias's own
+ * shape (dims dbias_dims, 1 where the bias broadcasts, strides in elements) and dtype; dtable (H, t5_buckets, float32)
+ * receives the T5 table's gradient. Strides in elements; the head dimension is contiguous everywhere. */
+typedef struct {
+    fs_attn_params p;
+    const void *dout;
+    int64_t do_sb, do_sh, do_ss;
+    void *dq, *dk, *dv;
+    int64_t dq_sb, dq_sh, dq_ss, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss;
+    void *dbias;
+    int64_t dbias_dims[4];     /* (B or 1, H or 1, Sq or 1, Sk or 1) */
+    int64_t dbias_strides[4];
+    float *dtable;
+    int64_t dtable_sh;         /* elements between heads; buckets contiguous */
+    int deterministic;         /* bit-identical results run to run (CUDA: no float atomics) */
+} fs_attn_bwd_params;
+
 /* K and V's head count, Hkv = H / kv_group. */
 static inline int fs_kv_heads(const fs_attn_params *p)
 {

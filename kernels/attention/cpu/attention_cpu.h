@@ -11,4 +11,8 @@
  * (cpu_pool.h; may be NULL) stopped it. */
 int fs_attention_cpu(const fs_attn_params *p, int num_threads, fs_cpu_poll poll, void *poll_ctx);
 
+/* The gradients of attention on the CPU (the reference backward: every option, float64 accumulation for float64
+ * inputs, float32 otherwise); the same return values. */
+int fs_attention_backward_cpu(const fs_attn_bwd_params *g, int num_threads, fs_cpu_poll poll, void *poll_ctx);
+
 #endif

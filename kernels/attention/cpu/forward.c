@@ -7,62 +7,16 @@
  * Versions and measurements: docs/notes/attention_cpu.md.
  */
 #include "attention/cpu/attention_cpu.h"
+#include "attention/cpu/common.h"
 #include "common/cpu_pool.h"
-#include "common/half.h"
 
 #include <math.h>
 
-#define FS_CPU_BR 32 /* query rows per block                          */
-#define FS_CPU_BC 64 /* key rows per block                            */
-#define FS_CPU_DW 64 /* output columns kept in registers in O += P V  */
-
-/* x86-64 with GCC: an AVX2/FMA clone of the block kernel beside the portable one, picked at load time */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FS_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define FS_CPU_CLONES
-#endif
-
-/* One element of a float dtype, widened to double (bias and T5 table values). */
-static double fs_load_scalar(const void *src, fs_dtype dt)
-{
-    switch (dt) {
-    case FS_F16: return fs_half_to_float(*(const uint16_t *)src);
-    case FS_BF16: return fs_bf16_to_float(*(const uint16_t *)src);
-    case FS_F32: return *(const float *)src;
-    default: return *(const double *)src;
-    }
-}
-
-/* Load n elements of dtype dt into floats. */
-static void load_row_f(const void *src, fs_dtype dt, float *dst, int n)
-{
-    const uint16_t *h = (const uint16_t *)src;
-    switch (dt) {
-    case FS_F16: for (int i = 0; i < n; i++) dst[i] = fs_half_to_float(h[i]); break;
-    case FS_BF16: for (int i = 0; i < n; i++) dst[i] = fs_bf16_to_float(h[i]); break;
-    case FS_F32: for (int i = 0; i < n; i++) dst[i] = ((const float *)src)[i]; break;
-    default: for (int i = 0; i < n; i++) dst[i] = (float)((const double *)src)[i]; break;
-    }
-}
-
-/* Store n floats as dtype dt. */
-static void store_row_f(const float *src, fs_dtype dt, void *dst, int n)
-{
-    uint16_t *h = (uint16_t *)dst;
-    switch (dt) {
-    case FS_F16: for (int i = 0; i < n; i++) h[i] = fs_float_to_half(src[i]); break;
-    case FS_BF16: for (int i = 0; i < n; i++) h[i] = fs_float_to_bf16(src[i]); break;
-    case FS_F32: for (int i = 0; i < n; i++) ((float *)dst)[i] = src[i]; break;
-    default: for (int i = 0; i < n; i++) ((double *)dst)[i] = src[i]; break;
-    }
-}
-
 #define REAL float
 #define BLOCK_FN attention_block_f
-#define ROTATE_FN rotate_f
-#define LOAD_ROW load_row_f
-#define STORE_ROW store_row_f
+#define ROTATE_FN fs_rotate_f
+#define LOAD_ROW fs_load_row_f
+#define STORE_ROW fs_store_row_f
 #define EXP expf
 #define LOG logf
 #include "attention/cpu/forward_block.h"
@@ -76,7 +30,7 @@ static void store_row_f(const float *src, fs_dtype dt, void *dst, int n)
 
 #define REAL double
 #define BLOCK_FN attention_block_d
-#define ROTATE_FN rotate_d
+#define ROTATE_FN fs_rotate_d
 #define LOAD_ROW fs_load_row_d
 #define STORE_ROW fs_store_row_d
 #define EXP exp

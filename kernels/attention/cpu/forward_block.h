@@ -3,20 +3,6 @@
  * a query block Q_i of Br rows streams over key/value blocks K_j, V_j of Bc rows, keeping the running
  * row max m_i, the running denominator l_i and the unnormalised output O_i. */
 
-/* Rotary embedding of one head vector at position pos, in place, ESM's x cos + rotate_half(x) sin:
- * x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin (x1 = x[:D/2], x2 = x[D/2:]), angle = pos inv_freq_i in float32
- * with inv_freq_i = 1 / base^(2i / D), as HF computes it. */
-static void ROTATE_FN(REAL *x, int D, int64_t pos, float base)
-{
-    for (int i = 0; i < D / 2; i++) {
-        const float inv_freq = 1.0f / powf(base, (float)(2 * i) / (float)D);
-        const float angle = (float)pos * inv_freq;
-        const REAL c = (REAL)cosf(angle), s = (REAL)sinf(angle), x1 = x[i], x2 = x[i + D / 2];
-        x[i] = x1 * c - x2 * s;
-        x[i + D / 2] = x2 * c + x1 * s;
-    }
-}
-
 FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h, int64_t i0, REAL *scratch)
 {
     const int D = p->D;
@@ -46,7 +32,7 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
         if (r < active) {
             LOAD_ROW(qb + es * (b * p->q_sb + h * p->q_sh + (qo + i0 + r) * p->q_ss), p->dtype, Qi + r * D, D);
             for (int d = 0; d < D; d++) Qi[r * D + d] *= (REAL)p->scale;
-            if (p->rotary) ROTATE_FN(Qi + r * D, D, i0 + r, p->rotary_base);
+            if (p->rotary) ROTATE_FN(Qi + r * D, D, i0 + r, p->rotary_base, 1);
         }
         for (int d = 0; d < D; d++) Oi[r * D + d] = 0;
         m[r] = -INFINITY;
@@ -66,7 +52,7 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
         for (int c = 0; c < cols; c++) {
             REAL row[FS_CPU_MAX_D];
             LOAD_ROW(kb + es * (b * p->k_sb + hkv * p->k_sh + (ko + j0 + c) * p->k_ss), p->dtype, row, D);
-            if (p->rotary) ROTATE_FN(row, D, j0 + c, p->rotary_base);
+            if (p->rotary) ROTATE_FN(row, D, j0 + c, p->rotary_base, 1);
             for (int d = 0; d < D; d++) Kt[(int64_t)d * FS_CPU_BC + c] = row[d];
             LOAD_ROW(vb + es * (b * p->v_sb + hkv * p->v_sh + (ko + j0 + c) * p->v_ss), p->dtype, Vj + (int64_t)c * D, D);
         }

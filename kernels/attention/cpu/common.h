@@ -1,0 +1,112 @@
+/* What the CPU attention kernels (forward.c, backward.c) share: rows of any float dtype to and from float or double,
+ * one bias / table value as double, the rotary rotation (and its inverse), and one sequence's rows. */
+#ifndef FLASHSCI_ATTENTION_CPU_COMMON_H
+#define FLASHSCI_ATTENTION_CPU_COMMON_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "attention/params.h"
+#include "common/half.h"
+
+#define FS_CPU_BR 32 /* query rows per block                          */
+#define FS_CPU_BC 64 /* key rows per block                            */
+#define FS_CPU_DW 64 /* output columns kept in registers in O += P V  */
+
+/* x86-64 with GCC: an AVX2/FMA clone of the block kernels beside the portable ones, picked at load time */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FS_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define FS_CPU_CLONES
+#endif
+
+/* One element of a float dtype, widened to double (bias and T5 table values). */
+static inline double fs_load_scalar(const void *src, fs_dtype dt)
+{
+    switch (dt) {
+    case FS_F16: return fs_half_to_float(*(const uint16_t *)src);
+    case FS_BF16: return fs_bf16_to_float(*(const uint16_t *)src);
+    case FS_F32: return *(const float *)src;
+    default: return *(const double *)src;
+    }
+}
+
+/* Load n elements of dtype dt into floats. */
+static inline void fs_load_row_f(const void *src, fs_dtype dt, float *dst, int n)
+{
+    const uint16_t *h = (const uint16_t *)src;
+    switch (dt) {
+    case FS_F16: for (int i = 0; i < n; i++) dst[i] = fs_half_to_float(h[i]); break;
+    case FS_BF16: for (int i = 0; i < n; i++) dst[i] = fs_bf16_to_float(h[i]); break;
+    case FS_F32: for (int i = 0; i < n; i++) dst[i] = ((const float *)src)[i]; break;
+    default: for (int i = 0; i < n; i++) dst[i] = (float)((const double *)src)[i]; break;
+    }
+}
+
+/* Store n floats as dtype dt. */
+static inline void fs_store_row_f(const float *src, fs_dtype dt, void *dst, int n)
+{
+    uint16_t *h = (uint16_t *)dst;
+    switch (dt) {
+    case FS_F16: for (int i = 0; i < n; i++) h[i] = fs_float_to_half(src[i]); break;
+    case FS_BF16: for (int i = 0; i < n; i++) h[i] = fs_float_to_bf16(src[i]); break;
+    case FS_F32: for (int i = 0; i < n; i++) ((float *)dst)[i] = src[i]; break;
+    default: for (int i = 0; i < n; i++) ((double *)dst)[i] = src[i]; break;
+    }
+}
+
+/* The angle's cosine and sine of rotary pair i (0 <= i < D / 2) at position pos: angle = pos inv_freq_i in float32,
+ * inv_freq_i = 1 / base^(2i / D), as HF computes it. */
+static inline void fs_rotary_angle(int i, int D, int64_t pos, float base, float *c, float *s)
+{
+    const float inv_freq = 1.0f / powf(base, (float)(2 * i) / (float)D);
+    const float angle = (float)pos * inv_freq;
+    *c = cosf(angle);
+    *s = sinf(angle);
+}
+
+/* Rotary embedding of one head vector at position pos, in place (ESM's x cos + rotate_half(x) sin: x1' = x1 cos -
+ * x2 sin, x2' = x2 cos + x1 sin with x1 = x[:D/2], x2 = x[D/2:]); dir = -1 applies the inverse (the transpose), which
+ * takes a gradient with respect to the rotated vector back to the vector. */
+static inline void fs_rotate_f(float *x, int D, int64_t pos, float base, int dir)
+{
+    for (int i = 0; i < D / 2; i++) {
+        float c, s;
+        fs_rotary_angle(i, D, pos, base, &c, &s);
+        s *= (float)dir;
+        const float x1 = x[i], x2 = x[i + D / 2];
+        x[i] = x1 * c - x2 * s;
+        x[i + D / 2] = x2 * c + x1 * s;
+    }
+}
+
+/* The same for double vectors. */
+static inline void fs_rotate_d(double *x, int D, int64_t pos, float base, int dir)
+{
+    for (int i = 0; i < D / 2; i++) {
+        float c, s;
+        fs_rotary_angle(i, D, pos, base, &c, &s);
+        const double cd = c, sd = (double)s * dir, x1 = x[i], x2 = x[i + D / 2];
+        x[i] = x1 * cd - x2 * sd;
+        x[i + D / 2] = x2 * cd + x1 * sd;
+    }
+}
+
+/* Sequence b's rows: its first query and key rows in the (packed) tensors and its lengths, cut by seqlens. */
+typedef struct { int64_t qo, ko, q_len, k_len; } fs_cpu_seq;
+static inline fs_cpu_seq fs_cpu_sequence(const fs_attn_params *p, int64_t b)
+{
+    fs_cpu_seq s;
+    s.qo = p->cu_seqlens_q ? p->cu_seqlens_q[b] : 0;
+    s.ko = p->cu_seqlens_k ? p->cu_seqlens_k[b] : 0;
+    s.q_len = p->cu_seqlens_q ? p->cu_seqlens_q[b + 1] - s.qo : p->Sq;
+    s.k_len = p->cu_seqlens_k ? p->cu_seqlens_k[b + 1] - s.ko : p->Sk;
+    if (p->seqlens) {
+        const int64_t len = p->seqlens[b] < 0 ? 0 : p->seqlens[b];
+        s.q_len = len < s.q_len ? len : s.q_len;
+        s.k_len = len < s.k_len ? len : s.k_len;
+    }
+    return s;
+}
+
+#endif
