@@ -332,8 +332,9 @@ int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout)
             return -1;
         }
         if (t[i]->requires_grad) {
-            PyErr_Format(PyExc_ValueError, "%s requires grad, but flashsci.attention is forward-only: call it under "
-                         "torch.no_grad() or torch.inference_mode(), or pass %s.detach()", names[i], names[i]);
+            PyErr_Format(PyExc_ValueError, "%s requires grad, but flashsci.attention records no autograd history: use "
+                         "flashsci.torch_ops.attention (differentiable), or call it under torch.no_grad(), or pass "
+                         "%s.detach()", names[i], names[i]);
             return -1;
         }
         if (t[i]->dtype != t[0]->dtype) {

@@ -29,6 +29,7 @@ typedef struct {
     PyObject *torch_dtype[FS_NUM_DTYPES];
     PyObject *torch_current_stream; /* torch._C._cuda_getCurrentRawStream, NULL on CPU-only torch */
     PyObject *torch_empty_like;     /* torch.empty_like: the cheapest allocation for a contiguous output */
+    PyObject *torch_grad_enabled;   /* torch.is_grad_enabled: requires_grad only matters while autograd records */
     PyObject *torch_c_api;          /* torch.Tensor.__dlpack_c_exchange_api__ (torch >= 2.10), else NULL */
     const DLPackExchangeAPI *torch_api; /* its table, when it can read tensors and name the current stream */
     PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_is_cuda, *s_is_cpu, *s_get_device,

@@ -112,13 +112,13 @@ static int module_exec(PyObject *module)
 }
 
 /* Visit or clear every object the state holds. */
-#define FS_STATE_OBJECTS(X)                                                                                \
+#define FS_STATE_OBJECTS(X)                                                                                    \
     X(array_type) X(torch_tensor_type) X(torch_dtype[0]) X(torch_dtype[1]) X(torch_dtype[2]) X(torch_dtype[3]) \
-    X(torch_dtype[4]) X(torch_dtype[5]) X(torch_dtype[6])                                                       \
-    X(torch_current_stream) X(torch_empty_like) X(torch_c_api) X(s_dtype) X(s_shape) X(s_stride)              \
-    X(s_data_ptr) X(s_is_cuda) X(s_is_cpu) X(s_get_device) X(s_new_empty) X(s_requires_grad) X(s_device)       \
-    X(s_dlpack) X(s_dlpack_device) X(s_cai) X(s_stream) X(s_max_version) X(s_cuda_stream)                      \
-    X(s_cuda_stream_proto) X(s_c_exchange_api) X(s_is_neg) X(kw_names)
+    X(torch_dtype[4]) X(torch_dtype[5]) X(torch_dtype[6]) X(torch_current_stream) X(torch_empty_like)          \
+    X(torch_grad_enabled) X(torch_c_api) X(s_dtype) X(s_shape) X(s_stride) X(s_data_ptr) X(s_is_cuda)          \
+    X(s_is_cpu) X(s_get_device) X(s_new_empty) X(s_requires_grad) X(s_device) X(s_dlpack) X(s_dlpack_device)   \
+    X(s_cai) X(s_stream) X(s_max_version) X(s_cuda_stream) X(s_cuda_stream_proto) X(s_c_exchange_api)          \
+    X(s_is_neg) X(kw_names)
 
 /* GC traverse of the module state. */
 static int module_traverse(PyObject *module, visitproc visit, void *arg)

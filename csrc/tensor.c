@@ -57,6 +57,8 @@ int fs_torch_refresh(fs_state *st)
     }
     Py_XSETREF(st->torch_empty_like, PyObject_GetAttrString(torch, "empty_like"));
     if (!st->torch_empty_like) goto partial;
+    Py_XSETREF(st->torch_grad_enabled, PyObject_GetAttrString(torch, "is_grad_enabled"));
+    if (!st->torch_grad_enabled) goto partial;
     PyObject *c = PyObject_GetAttrString(torch, "_C");
     if (c) {
         st->torch_current_stream = PyObject_GetAttrString(c, "_cuda_getCurrentRawStream");
@@ -173,14 +175,20 @@ static PyObject *call_method0(PyObject *obj, PyObject *method)
     return PyObject_VectorcallMethod(method, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
-/* requires_grad, and the negative bit torch sets on lazy negations (x.conj().imag, torch._neg_view): their memory
- * holds the values' negatives, so they are refused, as torch's own __dlpack__ refuses them. */
+/* requires_grad (while autograd records: under torch.no_grad() it does not matter), and the negative bit torch sets
+ * on lazy negations (x.conj().imag, torch._neg_view): their memory holds the values' negatives, so they are refused,
+ * as torch's own __dlpack__ refuses them. */
 static int torch_flags(fs_state *st, PyObject *obj, const char *name, fs_tensor *t)
 {
     PyObject *flag = PyObject_GetAttr(obj, st->s_requires_grad);
     if (!flag) return -1;
     t->requires_grad = flag == Py_True;
     Py_DECREF(flag);
+    if (t->requires_grad && st->torch_grad_enabled) {
+        if (!(flag = PyObject_CallNoArgs(st->torch_grad_enabled))) return -1;
+        t->requires_grad = flag == Py_True;
+        Py_DECREF(flag);
+    }
     if (!(flag = call_method0(obj, st->s_is_neg))) return -1;
     const int neg = flag == Py_True;
     Py_DECREF(flag);

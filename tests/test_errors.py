@@ -241,8 +241,11 @@ class TestTorch:
     def test_requires_grad(self):
         torch = pytest.importorskip("torch")
         q = torch.randn(1, 2, 8, 16, requires_grad=True)
-        with pytest.raises(ValueError, match="q requires grad, but flashsci.attention is forward-only"):
+        with pytest.raises(ValueError, match="q requires grad, but flashsci.attention records no autograd history: "
+                           "use flashsci.torch_ops.attention"):
             flashsci.attention(q, q.detach(), q.detach())
+        with torch.no_grad():   # a leaf keeps requires_grad under no_grad; nothing is recorded, so it is accepted
+            assert torch.equal(flashsci.attention(q, q, q), flashsci.attention(q.detach(), q.detach(), q.detach()))
 
     def test_meta_device(self):
         torch = pytest.importorskip("torch")

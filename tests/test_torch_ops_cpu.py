@@ -65,3 +65,118 @@ def test_compile_fullgraph():
     args = (torch.randn(11, 32), torch.randn(96, 32), torch.randn(32, 32), torch.randn(64, 32))
     compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
     assert torch.allclose(compiled(*args), block(*args), atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------- autograd
+
+def leaf(*shape, dtype=torch.float64):
+    return torch.randn(*shape, dtype=dtype, requires_grad=True)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal_gqa", "bshd_kpm_rotary", "bias_t5", "seqlens_bias_broadcast"])
+def test_gradcheck(case):
+    """Float64 gradients of flashsci.torch_ops.attention against finite differences, for every differentiable input."""
+    torch.manual_seed(hash(case) % 1000)
+    kw, extra = {}, []
+    if case == "plain":
+        q, k, v = leaf(2, 2, 6, 8), leaf(2, 2, 7, 8), leaf(2, 2, 7, 8)
+    elif case == "causal_gqa":
+        q, k, v = leaf(1, 4, 6, 8), leaf(1, 2, 6, 8), leaf(1, 2, 6, 8)
+        kw["causal"] = True
+    elif case == "bshd_kpm_rotary":
+        q, k, v = leaf(2, 5, 2, 8), leaf(2, 5, 2, 8), leaf(2, 5, 2, 8)
+        kw.update(layout="bshd", key_padding_mask=torch.tensor([[1, 1, 0, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool),
+                  rotary_base=100.0, scale=0.4)
+    elif case == "bias_t5":
+        q, k, v = leaf(1, 2, 5, 8), leaf(1, 2, 6, 8), leaf(1, 2, 6, 8)
+        extra = [leaf(1, 2, 5, 6), leaf(2, 8)]
+        kw.update(t5_num_buckets=8, t5_max_distance=16)
+    else:
+        q, k, v = leaf(2, 2, 5, 8), leaf(2, 2, 5, 8), leaf(2, 2, 5, 8)
+        extra = [leaf(1, 1, 5, 5)]          # broadcast over batch and heads: its gradient is summed
+        kw["seqlens"] = torch.tensor([3, 5], dtype=torch.int32)
+
+    def f(q, k, v, *extra):
+        opts = dict(kw)
+        if case == "bias_t5":
+            opts.update(bias=extra[0], t5_table=extra[1])
+        elif extra:
+            opts["bias"] = extra[0]
+        out = flashsci.torch_ops.attention(q, k, v, **opts)
+        if "seqlens" in opts:               # rows past a sequence's length are unspecified; compare the valid ones
+            mask = torch.arange(out.shape[2])[None, None, :, None] < opts["seqlens"][:, None, None, None]
+            out = out * mask
+        return out
+    assert torch.autograd.gradcheck(f, (q, k, v, *extra), atol=1e-6, rtol=1e-5)
+
+
+def test_gradcheck_varlen():
+    torch.manual_seed(3)
+    q, k, v = leaf(11, 2, 8), leaf(11, 2, 8), leaf(11, 2, 8)
+    table = leaf(2, 8)
+    cu = torch.tensor([0, 4, 4, 11], dtype=torch.int32)
+
+    def f(q, k, v, table):
+        return flashsci.torch_ops.attention_varlen(q, k, v, cu, cu, 7, 7, causal=True, t5_table=table,
+                                                   t5_num_buckets=8, t5_max_distance=16, rotary_base=50.0)
+    assert torch.autograd.gradcheck(f, (q, k, v, table), atol=1e-6, rtol=1e-5)
+
+
+def test_grads_match_sdpa():
+    """float32 gradients against torch's math SDPA on the same inputs (GQA expanded for it)."""
+    torch.manual_seed(4)
+    q, k, v = leaf(2, 4, 33, 16, dtype=torch.float32), leaf(2, 2, 40, 16, dtype=torch.float32), \
+        leaf(2, 2, 40, 16, dtype=torch.float32)
+    bias = leaf(2, 1, 33, 40, dtype=torch.float32)
+    dout = torch.randn(2, 4, 33, 16)
+    mine = torch.autograd.grad(flashsci.torch_ops.attention(q, k, v, bias=bias), (q, k, v, bias), dout)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1), attn_mask=bias.double())
+    want = torch.autograd.grad(ref, (q, k, v, bias), dout.double())
+    for got, exp in zip(mine, want):
+        assert got.dtype == torch.float32 and got.shape == exp.shape
+        torch.testing.assert_close(got, exp, atol=2e-5, rtol=1e-4)
+
+
+def test_no_grad_for_options_and_lse():
+    """Only q, k, v, bias and the T5 table get gradients; lse is returned without history."""
+    q, k, v = leaf(1, 2, 5, 8), leaf(1, 2, 5, 8), leaf(1, 2, 5, 8)
+    out, lse = ops.attention_fwd(q, k, v)
+    assert out.requires_grad and not lse.requires_grad
+    out.sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_opcheck_backward_ops():
+    """opcheck on the forward ops with inputs that require grad (autograd registration) and on the backward ops."""
+    q, k, v = leaf(1, 2, 6, 8, dtype=torch.float32), leaf(1, 2, 6, 8, dtype=torch.float32), \
+        leaf(1, 2, 6, 8, dtype=torch.float32)
+    bias, table = leaf(1, 2, 6, 6, dtype=torch.float32), leaf(2, 32, dtype=torch.float32)
+    torch.library.opcheck(ops.attention_fwd, (q, k, v), {"causal": True, "bias": bias, "t5_table": table})
+    out, lse = ops.attention_fwd(q.detach(), k.detach(), v.detach())
+    torch.library.opcheck(ops.attention_bwd, (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse),
+                          {"bias": bias.detach(), "bias_grad": True, "t5_table": table.detach(), "t5_grad": True})
+    vq, vk, vv, cu, _, mq, mk = varlen_args()
+    vq.requires_grad_()
+    torch.library.opcheck(ops.attention_varlen_fwd, (vq, vk, vv, cu, cu, mq, mk), {"causal": True})
+    out, lse = ops.attention_varlen_fwd(vq.detach(), vk, vv, cu, cu, mq, mk)
+    torch.library.opcheck(ops.attention_varlen_bwd, (torch.randn_like(out), vq.detach(), vk, vv, out, lse, cu, cu, mq, mk))
+
+
+def test_compile_backward_and_checkpoint():
+    """torch.compile(fullgraph=True) through forward and backward, and activation checkpointing, give eager's grads."""
+    torch._dynamo.reset()
+    torch.manual_seed(5)
+    args = [torch.randn(11, 32, requires_grad=True), torch.randn(96, 32, requires_grad=True)]
+
+    def net(x, w):
+        qkv = (torch.nn.functional.layer_norm(x, (32,)) @ w.T).view(1, 11, 3, 2, 16)
+        a = ops.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], layout="bshd", causal=True, rotary_base=1e4)
+        return (x + a.reshape(11, 32)).square().sum()
+
+    eager = torch.autograd.grad(net(*args), args)
+    compiled = torch.autograd.grad(torch.compile(net, fullgraph=True, backend="aot_eager")(*args), args)
+    ckpt = torch.autograd.grad(torch.utils.checkpoint.checkpoint(net, *args, use_reentrant=False), args)
+    for a, b, c in zip(eager, compiled, ckpt):
+        torch.testing.assert_close(b, a)
+        torch.testing.assert_close(c, a)

@@ -1,15 +1,18 @@
-"""flashsci's kernels as torch custom operators (torch.library), so torch.compile traces them without graph
-breaks and CUDA graphs capture them:
+"""flashsci's kernels as torch custom operators (torch.library), differentiable, traced by torch.compile without graph
+breaks and captured by CUDA graphs:
 
     import flashsci.torch_ops                      # registers torch.ops.flashsci.* (imports torch)
+    o = flashsci.torch_ops.attention(q, k, v, causal=True)      # or torch.ops.flashsci.attention(...)
+    o.sum().backward()                             # dq, dk, dv by flashsci.attention_backward
     y = torch.ops.flashsci.linear(x, w, b, "gelu")
-    o = torch.ops.flashsci.attention(q, k, v, causal=True)
 
-Each op calls the C entry point of the same name on torch's current stream; its fake (meta) kernel gives
-the output's shape, dtype and strides without running anything. Forward only, like the kernels.
-Arguments that are tuples or "True or a float" in the Python API are flattened here into typed ones:
-t5_bias=(table, buckets, max_distance, bidirectional) becomes t5_table, t5_num_buckets, t5_max_distance,
-t5_bidirectional, and rotary becomes rotary_base (None = off).
+attention and attention_varlen are composites of two ops: attention_fwd, which returns (out, lse) and saves them for
+its backward (no S x S tensor is ever saved), and attention_bwd, the gradients (dq, dk, dv, and the additive bias's
+and the T5 table's when they require grad). lse is not differentiable. Each op calls the C entry point on torch's
+current stream; its fake kernel gives shapes and dtypes without running anything. Arguments that are tuples or
+"True or a float" in the Python API are flattened into typed ones: t5_bias=(table, buckets, max_distance,
+bidirectional) becomes t5_table, t5_num_buckets, t5_max_distance, t5_bidirectional, and rotary becomes rotary_base
+(None = off). linear and swiglu are forward only in this version.
 """
 from typing import Optional
 
@@ -25,42 +28,217 @@ def _t5(table, buckets, max_distance, bidirectional):
     return None if table is None else (table, buckets, max_distance, bidirectional)
 
 
-@torch.library.custom_op("flashsci::attention", mutates_args=())
-def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None,
-              layout: str = "bhsd", key_padding_mask: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+def _plain(x):
+    """x detached (the C functions take tensors without autograd history), or None."""
+    return None if x is None else x.detach()
+
+
+def _row_contiguous(x):
+    """x with a contiguous last dim (a gradient may come broadcast, stride 0)."""
+    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
+
+
+def _lse_shape(q, layout):
+    """The logsumexp's shape for q of layout: (B, H, Sq)."""
+    b, h, s = (q.shape[0], q.shape[2], q.shape[1]) if layout == "bshd" else q.shape[:3]
+    return (b, h, s)
+
+
+def _lse_dtype(q):
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+# ---------------------------------------------------------------------------------------------------------- padded
+
+@torch.library.custom_op("flashsci::attention_fwd", mutates_args=())
+def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None,
+                  layout: str = "bhsd", key_padding_mask: Optional[Tensor] = None, seqlens: Optional[Tensor] = None,
+                  bias: Optional[Tensor] = None, t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32,
+                  t5_max_distance: int = 128, t5_bidirectional: bool = True,
+                  rotary_base: Optional[float] = None) -> tuple[Tensor, Tensor]:
+    """flashsci.attention(..., return_lse=True) as a torch op: (out, lse)."""
+    return _flashsci.attention(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale, layout=layout,
+                               key_padding_mask=key_padding_mask, seqlens=seqlens, bias=_plain(bias),
+                               t5_bias=_t5(_plain(t5_table), t5_num_buckets, t5_max_distance, t5_bidirectional),
+                               rotary=rotary_base, return_lse=True)
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, causal=False, scale=None, layout="bhsd", key_padding_mask=None, seqlens=None, bias=None,
+                        t5_table=None, t5_num_buckets=32, t5_max_distance=128, t5_bidirectional=True, rotary_base=None):
+    """Shapes of flashsci::attention_fwd: out like q (contiguous), lse (B, H, Sq) float32 (float64 for float64)."""
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, layout), dtype=_lse_dtype(q))
+
+
+@torch.library.custom_op("flashsci::attention_bwd", mutates_args=())
+def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool = False,
+                  scale: Optional[float] = None, layout: str = "bhsd", key_padding_mask: Optional[Tensor] = None,
+                  seqlens: Optional[Tensor] = None, bias: Optional[Tensor] = None, t5_table: Optional[Tensor] = None,
+                  t5_num_buckets: int = 32, t5_max_distance: int = 128, t5_bidirectional: bool = True,
+                  rotary_base: Optional[float] = None, bias_grad: bool = False, t5_grad: bool = False,
+                  deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """flashsci.attention_backward as a torch op: (dq, dk, dv, dbias, dtable), the last two empty unless asked for."""
+    grads = _flashsci.attention_backward(
+        _row_contiguous(dout.detach()), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), causal=causal,
+        scale=scale, layout=layout, key_padding_mask=key_padding_mask, seqlens=seqlens, bias=_plain(bias),
+        t5_bias=_t5(_plain(t5_table), t5_num_buckets, t5_max_distance, t5_bidirectional), rotary=rotary_base,
+        bias_grad=bias_grad, t5_grad=t5_grad, deterministic=deterministic)
+    dq, dk, dv = grads[:3]
+    rest = list(grads[3:])
+    dbias = rest.pop(0) if bias_grad else q.new_empty(0)
+    dtable = rest.pop(0) if t5_grad else q.new_empty(0, dtype=torch.float32)
+    return dq, dk, dv, dbias, dtable
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(dout, q, k, v, out, lse, causal=False, scale=None, layout="bhsd", key_padding_mask=None,
+                        seqlens=None, bias=None, t5_table=None, t5_num_buckets=32, t5_max_distance=128,
+                        t5_bidirectional=True, rotary_base=None, bias_grad=False, t5_grad=False, deterministic=False):
+    """Shapes of flashsci::attention_bwd."""
+    dbias = bias.new_empty(bias.shape) if bias_grad else q.new_empty(0)
+    dtable = (q.new_empty((t5_table.shape[0], t5_num_buckets), dtype=torch.float32) if t5_grad
+              else q.new_empty(0, dtype=torch.float32))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias, dtable
+
+
+_FWD_ARGS = ("causal", "scale", "layout", "key_padding_mask", "seqlens", "bias", "t5_table", "t5_num_buckets",
+             "t5_max_distance", "t5_bidirectional", "rotary_base")
+
+
+def _attention_setup(ctx, inputs, output):
+    """Save what the backward needs: q, k, v, out, lse, the masks and biases, the options; lse is not differentiable."""
+    q, k, v, *rest = inputs
+    opts = dict(zip(_FWD_ARGS, rest))
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, opts["key_padding_mask"], opts["seqlens"], opts["bias"], opts["t5_table"])
+    ctx.opts = {n: opts[n] for n in _FWD_ARGS if n not in ("key_padding_mask", "seqlens", "bias", "t5_table")}
+    ctx.bias_grad = opts["bias"] is not None and ctx.needs_input_grad[3 + _FWD_ARGS.index("bias")]
+    ctx.t5_grad = opts["t5_table"] is not None and ctx.needs_input_grad[3 + _FWD_ARGS.index("t5_table")]
+
+
+def _attention_backward(ctx, grad_out, grad_lse):
+    """dq, dk, dv (and dbias, dtable where wanted) from flashsci::attention_bwd; None for the options."""
+    q, k, v, out, lse, kpm, seqlens, bias, table = ctx.saved_tensors
+    dq, dk, dv, dbias, dtable = attention_bwd(grad_out, q, k, v, out, lse, key_padding_mask=kpm, seqlens=seqlens,
+                                              bias=bias, t5_table=table, bias_grad=ctx.bias_grad, t5_grad=ctx.t5_grad,
+                                              **ctx.opts)
+    grads = {n: None for n in _FWD_ARGS}
+    grads["bias"] = dbias if ctx.bias_grad else None
+    grads["t5_table"] = dtable.to(table.dtype) if ctx.t5_grad else None
+    return (dq, dk, dv, *(grads[n] for n in _FWD_ARGS))
+
+
+torch.library.register_autograd("flashsci::attention_fwd", _attention_backward, setup_context=_attention_setup)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None, layout: str = "bhsd",
+              key_padding_mask: Optional[Tensor] = None, seqlens: Optional[Tensor] = None, bias: Optional[Tensor] = None,
               t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32, t5_max_distance: int = 128,
               t5_bidirectional: bool = True, rotary_base: Optional[float] = None) -> Tensor:
-    """flashsci.attention as a torch op (see the README for the arguments)."""
-    return _flashsci.attention(q, k, v, causal=causal, scale=scale, layout=layout, key_padding_mask=key_padding_mask,
-                               bias=bias, t5_bias=_t5(t5_table, t5_num_buckets, t5_max_distance, t5_bidirectional),
-                               rotary=rotary_base)
+    """flashsci.attention, differentiable in q, k, v, bias and the T5 table (see the README for the arguments)."""
+    return attention_fwd(q, k, v, causal, scale, layout, key_padding_mask, seqlens, bias, t5_table, t5_num_buckets,
+                         t5_max_distance, t5_bidirectional, rotary_base)[0]
 
 
-@attention.register_fake
-def _attention_fake(q, k, v, causal=False, scale=None, layout="bhsd", key_padding_mask=None, bias=None,
-                    t5_table=None, t5_num_buckets=32, t5_max_distance=128, t5_bidirectional=True, rotary_base=None):
-    """Output shape and dtype of flashsci::attention: q's, contiguous."""
-    return q.new_empty(q.shape)
+# ---------------------------------------------------------------------------------------------------------- packed
+
+@torch.library.custom_op("flashsci::attention_varlen_fwd", mutates_args=())
+def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                         max_seqlen_k: int, causal: bool = False, scale: Optional[float] = None,
+                         t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32, t5_max_distance: int = 128,
+                         t5_bidirectional: bool = True, rotary_base: Optional[float] = None) -> tuple[Tensor, Tensor]:
+    """flashsci.attention_varlen(..., return_lse=True) as a torch op: (out, lse) with lse (H, total_q)."""
+    return _flashsci.attention_varlen(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                      max_seqlen_k, causal=causal, scale=scale, rotary=rotary_base, return_lse=True,
+                                      t5_bias=_t5(_plain(t5_table), t5_num_buckets, t5_max_distance, t5_bidirectional))
 
 
-@torch.library.custom_op("flashsci::attention_varlen", mutates_args=())
+@attention_varlen_fwd.register_fake
+def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                               scale=None, t5_table=None, t5_num_buckets=32, t5_max_distance=128, t5_bidirectional=True,
+                               rotary_base=None):
+    """Shapes of flashsci::attention_varlen_fwd: out like q, lse (H, total_q)."""
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=_lse_dtype(q))
+
+
+@torch.library.custom_op("flashsci::attention_varlen_bwd", mutates_args=())
+def attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
+                         cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                         scale: Optional[float] = None, t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32,
+                         t5_max_distance: int = 128, t5_bidirectional: bool = True, rotary_base: Optional[float] = None,
+                         t5_grad: bool = False, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """flashsci.attention_varlen_backward as a torch op: (dq, dk, dv, dtable), dtable empty unless asked for."""
+    grads = _flashsci.attention_varlen_backward(
+        _row_contiguous(dout.detach()), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), cu_seqlens_q,
+        cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=scale, rotary=rotary_base, t5_grad=t5_grad,
+        t5_bias=_t5(_plain(t5_table), t5_num_buckets, t5_max_distance, t5_bidirectional), deterministic=deterministic)
+    dtable = grads[3] if t5_grad else q.new_empty(0, dtype=torch.float32)
+    return grads[0], grads[1], grads[2], dtable
+
+
+@attention_varlen_bwd.register_fake
+def _attention_varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               causal=False, scale=None, t5_table=None, t5_num_buckets=32, t5_max_distance=128,
+                               t5_bidirectional=True, rotary_base=None, t5_grad=False, deterministic=False):
+    """Shapes of flashsci::attention_varlen_bwd."""
+    dtable = (q.new_empty((t5_table.shape[0], t5_num_buckets), dtype=torch.float32) if t5_grad
+              else q.new_empty(0, dtype=torch.float32))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable
+
+
+_VARLEN_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "causal", "scale", "t5_table",
+                "t5_num_buckets", "t5_max_distance", "t5_bidirectional", "rotary_base")
+
+
+def _varlen_setup(ctx, inputs, output):
+    """Save q, k, v, out, lse, the offsets and the T5 table; lse is not differentiable."""
+    q, k, v, *rest = inputs
+    opts = dict(zip(_VARLEN_ARGS, rest))
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, opts["cu_seqlens_q"], opts["cu_seqlens_k"], opts["t5_table"])
+    ctx.opts = {n: opts[n] for n in _VARLEN_ARGS if n not in ("cu_seqlens_q", "cu_seqlens_k", "t5_table")}
+    ctx.t5_grad = opts["t5_table"] is not None and ctx.needs_input_grad[3 + _VARLEN_ARGS.index("t5_table")]
+
+
+def _varlen_backward(ctx, grad_out, grad_lse):
+    """dq, dk, dv (and the T5 table's gradient where wanted) from flashsci::attention_varlen_bwd."""
+    q, k, v, out, lse, cq, ck, table = ctx.saved_tensors
+    dq, dk, dv, dtable = attention_varlen_bwd(grad_out, q, k, v, out, lse, cq, ck, t5_table=table, t5_grad=ctx.t5_grad,
+                                              **ctx.opts)
+    grads = {n: None for n in _VARLEN_ARGS}
+    grads["t5_table"] = dtable.to(table.dtype) if ctx.t5_grad else None
+    return (dq, dk, dv, *(grads[n] for n in _VARLEN_ARGS))
+
+
+torch.library.register_autograd("flashsci::attention_varlen_fwd", _varlen_backward, setup_context=_varlen_setup)
+
+
 def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                      max_seqlen_k: int, causal: bool = False, scale: Optional[float] = None,
                      t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32, t5_max_distance: int = 128,
                      t5_bidirectional: bool = True, rotary_base: Optional[float] = None) -> Tensor:
-    """flashsci.attention_varlen as a torch op: packed (total, H, D) sequences."""
-    return _flashsci.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
-                                      scale=scale, rotary=rotary_base,
-                                      t5_bias=_t5(t5_table, t5_num_buckets, t5_max_distance, t5_bidirectional))
+    """flashsci.attention_varlen on packed (total, H, D) sequences, differentiable in q, k, v and the T5 table."""
+    return attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, t5_table,
+                                t5_num_buckets, t5_max_distance, t5_bidirectional, rotary_base)[0]
 
 
-@attention_varlen.register_fake
-def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-                           scale=None, t5_table=None, t5_num_buckets=32, t5_max_distance=128, t5_bidirectional=True,
-                           rotary_base=None):
-    """Output shape and dtype of flashsci::attention_varlen: q's, contiguous."""
-    return q.new_empty(q.shape)
+# ---------------------------------------------------------------------------------------------------------- composites
 
+torch.library.define("flashsci::attention", "(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, "
+                     "str layout='bhsd', Tensor? key_padding_mask=None, Tensor? seqlens=None, Tensor? bias=None, "
+                     "Tensor? t5_table=None, int t5_num_buckets=32, int t5_max_distance=128, bool t5_bidirectional=True, "
+                     "float? rotary_base=None) -> Tensor")
+torch.library.impl("flashsci::attention", "CompositeImplicitAutograd", attention)
+torch.library.define("flashsci::attention_varlen", "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+                     "int max_seqlen_q, int max_seqlen_k, bool causal=False, float? scale=None, Tensor? t5_table=None, "
+                     "int t5_num_buckets=32, int t5_max_distance=128, bool t5_bidirectional=True, "
+                     "float? rotary_base=None) -> Tensor")
+torch.library.impl("flashsci::attention_varlen", "CompositeImplicitAutograd", attention_varlen)
+
+
+# ---------------------------------------------------------------------------------------------------------- linear
 
 @torch.library.custom_op("flashsci::linear", mutates_args=())
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None) -> Tensor:
