@@ -2,6 +2,7 @@
 # One call on the GPU machine: build for its own architecture, GPU tests, compute-sanitizer, pytest-benchmark run,
 # host overhead, benchmark.
 #   STEPS="build test sanitize benchtest host bench" BENCH_ARGS="--sets seed,protein,sweep" bash benchmarks/gpu_check.sh
+#   TEST_PATHS="tests/test_attention_backward_gpu.py" STEPS="build test" bash benchmarks/gpu_check.sh
 # Logs and results go under $OUT (the device tool brings them back); results also to benchmarks/results.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,7 @@ if [[ $STEPS == *" build "* ]]; then
   python3 -c "import flashsci; print(flashsci.build_info(), flashsci.device_info())"
 fi
 if [[ $STEPS == *" test "* ]]; then
-  python3 -m pytest -q --maxfail=30 tests/ ${TEST_ARGS:-} 2>&1 | tee "$OUT/logs/tests.log" | tail -40 || status=1
+  python3 -m pytest -q --maxfail=30 ${TEST_PATHS:-tests/} ${TEST_ARGS:-} 2>&1 | tee "$OUT/logs/tests.log" | tail -40 || status=1
 fi
 if [[ $STEPS == *" sanitize "* ]]; then
   for tool in memcheck racecheck; do

@@ -4,8 +4,9 @@ thread-block cluster (Hopper), lse; then the
 protein options (padding mask with tile skipping, seqlens, bias, T5, rotary, varlen incl. empty sequences; on
 both kernels); grouped K/V heads on both kernels;
 then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every epilogue); then the edges: size 1,
-size 0 (no rows, no keys: the fill kernel), rows with no kept key, NaN rows and keys, on both attention kernels.
-SANITIZE_ONLY=linear runs the GEMM cases alone."""
+size 0 (no rows, no keys: the fill kernel), rows with no kept key, NaN rows and keys, on both attention kernels; then
+the backward (every head dim, GQA, each option, varlen, empty problems). SANITIZE_ONLY=linear or backward runs those
+cases alone."""
 import os
 
 import torch
@@ -13,6 +14,41 @@ import torch
 import flashsci
 
 ONLY = os.environ.get("SANITIZE_ONLY", "")
+
+
+def backward(q, k, v, **kw):
+    """One forward (lse) and backward of the sm80 backward kernels."""
+    out, lse = flashsci.attention(q, k, v, return_lse=True, **kw)
+    flashsci.attention_backward(torch.randn_like(out), q, k, v, out, lse, **kw)
+
+
+def backward_cases():
+    """Backward: every head dim, tails, causal, GQA, bshd, each option, varlen, empty problems."""
+    dev, f16 = "cuda", torch.float16
+    for dtype in (torch.float16, torch.bfloat16):
+        for d in (32, 64, 96, 128):
+            q = torch.randn(2, 4, 150, d, device=dev, dtype=dtype)
+            k, v = (torch.randn(2, 2, 170, d, device=dev, dtype=dtype) for _ in range(2))
+            backward(q, k, v)
+            backward(q, k, v, causal=True)
+            backward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout="bshd")
+    q, k, v = (torch.randn(2, 4, 300, 64, device=dev, dtype=f16) for _ in range(3))
+    backward(q, k, v, key_padding_mask=torch.rand(2, 300, device=dev) < 0.7, causal=True)
+    backward(q, k, v, seqlens=torch.tensor([300, 0], dtype=torch.int32, device=dev), rotary=True)
+    backward(q, k, v, bias=torch.randn(1, 4, 300, 300, device=dev), t5_bias=(torch.randn(4, 32, device=dev), 32, 128, True))
+    qp, kp, vp = (torch.randn(500, 4, 128, device=dev, dtype=f16) for _ in range(3))
+    cu = torch.tensor([0, 1, 1, 200, 500], dtype=torch.int32, device=dev)
+    out, lse = flashsci.attention_varlen(qp, kp, vp, cu, cu, 300, 300, causal=True, return_lse=True, rotary=True)
+    flashsci.attention_varlen_backward(torch.randn_like(out), qp, kp, vp, out, lse, cu, cu, 300, 300, causal=True, rotary=True)
+    backward(q[:, :, :0], q, q)
+    backward(q, q[:, :, :0], q[:, :, :0])
+    torch.cuda.synchronize()
+
+
+if ONLY == "backward":
+    backward_cases()
+    print("sanitize cases done (backward only)")
+    raise SystemExit(0)
 CASES = [  # (B, H, Sq, Sk, D, causal, layout)
     (1, 2, 77, 130, 32, False, "bhsd"), (2, 1, 64, 64, 64, True, "bhsd"), (1, 3, 100, 37, 96, True, "bshd"),
     (1, 2, 129, 200, 128, False, "bshd"), (1, 1, 50, 70, 256, True, "bhsd"),
@@ -132,4 +168,5 @@ for kernel in ("auto", "sm80"):  # edges: size 1 and 0, padding-only rows, NaN r
     flashsci.attention(q, k, k, causal=True, return_lse=True)
     torch.cuda.synchronize()
 flashsci._flashsci._set_attention_kernel("auto")
+backward_cases()
 print("sanitize cases done")

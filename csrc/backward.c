@@ -144,6 +144,21 @@ static PyObject *result_tuple(PyObject *dq, PyObject *dk, PyObject *dv, PyObject
     return r;
 }
 
+/* What the CUDA backward does not cover yet: head dims other than 32, 64, 96, 128; dbias, dtable; deterministic. */
+static int cuda_unsupported(const bwd_args *a, const fs_attn_params *p)
+{
+    if (p->D != 32 && p->D != 64 && p->D != 96 && p->D != 128) {
+        PyErr_Format(PyExc_ValueError, "CUDA attention backward supports head dims 32, 64, 96 and 128, got %d", p->D);
+        return -1;
+    }
+    if (a->bias_grad || a->t5_grad || a->deterministic) {
+        PyErr_Format(PyExc_NotImplementedError, "CUDA attention backward: %s is not implemented on CUDA in this version "
+                     "(the CPU backward has it)", a->bias_grad ? "bias_grad" : a->t5_grad ? "t5_grad" : "deterministic=True");
+        return -1;
+    }
+    return 0;
+}
+
 /* Shared tail of both entry points: T5 table and its gradient, the gradients dq, dk, dv, the run. g->p is built. */
 static PyObject *finish(fs_state *st, bwd_args *a, fs_tensor *t, fs_attn_bwd_params *g, uintptr_t stream)
 {
@@ -158,6 +173,7 @@ static PyObject *finish(fs_state *st, bwd_args *a, fs_tensor *t, fs_attn_bwd_par
         gradient(st, a->dk, "dk", &t[T_K], inputs, in_names, 6, stream, &t[T_DK], &dk) < 0 ||
         gradient(st, a->dv, "dv", &t[T_V], inputs, in_names, 6, stream, &t[T_DV], &dv) < 0)
         goto done;
+    if (t[T_Q].is_cuda && cuda_unsupported(a, p) < 0) goto done;
     if (a->bias_grad && !(dbias = new_dbias(st, &t[T_BIAS], &t[T_Q], stream, g))) goto done;
     if (a->t5_grad) {
         const int64_t shape[2] = {p->H, a->t5.buckets};

@@ -41,4 +41,16 @@ FS_DEV fs_seq seq_geometry(const fs_attn_params &p, int b)
     return s;
 }
 
+/* The sequence of packed row r: the last i < n with cu[i] <= r (0 if none; values unchecked, as in the kernels). */
+FS_DEV int packed_sequence(const int32_t *cu, int n, int r)
+{
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (__ldg(cu + mid) <= r) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 #endif

@@ -20,6 +20,7 @@
 #include "attention/launchers.h"
 #include "common/launch.cuh"
 #include "attention/rotary/rotary.cuh"
+#include "attention/sequence.cuh"
 
 #define FS_ROT_THREADS 256
 #define FS_ROT_HEADS 4 /* heads per thread */
@@ -40,18 +41,6 @@ typedef struct {
     int H;                     /* q's heads, at least k's: the grid's head groups */
     float base;
 } fs_rotary_args;
-
-/* The sequence of packed row r: the last i < n with cu[i] <= r (0 if none; values unchecked, as in the kernels). */
-static __device__ int packed_sequence(const int32_t *cu, int n, int r)
-{
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (__ldg(cu + mid) <= r) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
 
 /* One block per (row block, side, group of FS_ROT_HEADS heads), heads fastest; D / 16 threads per row. */
 template <int D, typename T>

@@ -6,6 +6,7 @@
     python -m flashsci.bench --sets features      # protein options vs torch on real UniProt lengths
     python -m flashsci.bench --sets gqa           # grouped-query attention vs SDPA enable_gqa
     python -m flashsci.bench --sets linear        # fused linear / SwiGLU vs torch GEMMs
+    python -m flashsci.bench --sets backward      # attention backward vs SDPA's FlashAttention-2 and cuDNN backward
     python -m flashsci.bench --e2e                # HF ESM2 / ProtT5 stock vs patched, proteins/s
     python -m flashsci.bench --cpu --sets attention,linear --dtype float32
 
@@ -18,7 +19,7 @@ import sys
 import flashsci
 from flashsci.bench import attention, cpu
 
-GPU_SETS = attention.SETS + ("features", "gqa", "linear")
+GPU_SETS = attention.SETS + ("features", "gqa", "linear", "backward")
 GPU_DTYPES = ("float16", "bfloat16")
 
 
@@ -94,6 +95,9 @@ def main(argv=None):
     if "linear" in sets:
         from flashsci.bench.linear import run_linear
         rows += run_linear(dtype[0], args.out)
+    if "backward" in sets:
+        from flashsci.bench.backward import run_backward
+        rows += run_backward(dtype[0], args.out, args.fasta)
     if "features" in sets:
         from flashsci.bench.features import run_features
         rows += run_features(dtype[0], args.out, args.fasta)

@@ -144,3 +144,26 @@ def attention_input_sets(torch, b, h, s, d, dtype, sk=None):
     n_sets = max(1, min(64, math.ceil(2 * l2 / (2 * b * h * (s + sk) * d * 2))))
     return [(torch.randn(b, h, s, d, device="cuda", dtype=dtype),
              *(torch.randn(b, h, sk, d, device="cuda", dtype=dtype) for _ in range(2))) for _ in range(n_sets)]
+
+
+def event_turns_us(torch, fns, inputs, rounds=7, calls=10):
+    """Median per-call time of each function of fns (name -> fn) by CUDA events around `calls` back-to-back calls over
+    the rotating input sets, the functions taking turns round by round: for what a CUDA graph cannot capture (torch's
+    autograd backward runs on its forward's stream, not the capturing one). Launch gaps count: use it for kernels of
+    a millisecond or more."""
+    for fn in fns.values():
+        for x in inputs:
+            fn(*x)
+    torch.cuda.synchronize()
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            fn(*inputs[0])
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for i in range(calls):
+                fn(*inputs[i % len(inputs)])
+            e1.record()
+            e1.synchronize()
+            times[name].append(e0.elapsed_time(e1) * 1e3 / calls)
+    return {name: statistics.median(t) for name, t in times.items()}

@@ -1,0 +1,31 @@
+/* Attention backward on sm_80+, host side: the passes around the main kernel (backward_passes.cu) and the per-dtype
+ * launchers of the main kernel (backward_fp16.cu, backward_bf16.cu), called by backward_dispatch.cu. */
+#ifndef FLASHSCI_ATTENTION_SM80_BACKWARD_H
+#define FLASHSCI_ATTENTION_SM80_BACKWARD_H
+
+#include <cuda_runtime_api.h>
+
+#include "attention/params.h"
+
+/* What the passes and the main kernel share: the float32 workspaces and how dq and dk come back. */
+typedef struct {
+    float *dq_acc;     /* [rows][D]: (B, H, Sq) rows padded, (H, total_q) packed */
+    float *delta;      /* [rows] */
+    int64_t rows;
+    float scale;       /* the softmax scale (dQ and dK are scaled by it) */
+    int rotary;        /* rotate dq and dk back by rotary_base (the forward rotated q and k) */
+    float rotary_base;
+} fs_bwd_work;
+
+/* Head dims with a backward kernel of their own. */
+int fs_sm80_backward_native(int D);
+
+/* Delta = rowsum(dO o O) and dQ's accumulator zeroed, for every row of g. */
+cudaError_t fs_sm80_backward_pre(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream);
+/* dq = dQ's accumulator scaled (and rotated back), in dq's dtype and strides. */
+cudaError_t fs_sm80_backward_post(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream);
+/* The main kernel, by key block: dk, dv, and dQ's accumulator by atomics. g->p reads q and k as rotated (rotary off). */
+cudaError_t fs_sm80_backward_fp16(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream);
+cudaError_t fs_sm80_backward_bf16(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream);
+
+#endif

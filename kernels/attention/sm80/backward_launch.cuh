@@ -1,0 +1,60 @@
+/* Attention backward on sm_80+, host side of the main kernel (backward.cuh): the variant per problem and its launch.
+ * Included by the per-dtype translation units. */
+#ifndef FLASHSCI_ATTENTION_SM80_BACKWARD_LAUNCH_CUH
+#define FLASHSCI_ATTENTION_SM80_BACKWARD_LAUNCH_CUH
+
+#include "attention/sm80/backward.cuh"
+#include "attention/sm80/backward.h"
+#include "common/launch.cuh"
+
+/* Launch the main kernel for head dim D: one block per (key block, K/V head, batch), key block fastest (causal: the
+ * heaviest key blocks, which see the most queries, first). FEAT: the kernel with the protein options. */
+template <int D, typename T, bool FEAT>
+static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
+{
+    using tile = fs_bwd_tile<D>;
+    const fs_attn_params *p = &g->p;
+    static fs_kernel handle;
+    fs_bwd_args a;
+    a.g = *g;
+    a.scale_log2 = (float)(p->scale * 1.4426950408889634);
+    a.scale = w->scale;
+    a.dq_acc = w->dq_acc;
+    a.delta = w->delta;
+    a.n_kblocks = (p->Sk + tile::BC - 1) / tile::BC;
+    a.rotary = w->rotary;
+    a.rotary_base = w->rotary_base;
+    a.t5_n = a.t5_lneg = 0;
+    if (p->t5_table) fs_t5_span(p, &a.t5_lneg, &a.t5_n); /* t5_n <= FS_CUDA_T5_MAX, checked by the host */
+    const int smem = fs_bwd_smem<D, T>::BYTES + 4 * a.t5_n;
+    const long long blocks = (long long)a.n_kblocks * fs_kv_heads(p) * p->B;
+    if (blocks == 0) return cudaSuccess;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    cudaError_t err = fs_kernel_prepare((const void *)attention_bwd_sm80<D, T, FEAT>, &handle,
+                                        fs_bwd_smem<D, T>::BYTES + 4 * FS_CUDA_T5_MAX, device);
+    void *args[] = {&a};
+    return err != cudaSuccess ? err : fs_launch(&handle, device, (unsigned)blocks, tile::THREADS, smem, stream, args);
+}
+
+/* The variant for g: the plain kernel unless an option needs the protein one. */
+template <int D, typename T>
+static cudaError_t bwd_launch_d(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
+{
+    const fs_attn_params *p = &g->p;
+    const bool feat = p->cu_seqlens_q || p->seqlens || p->kpm || p->bias || p->t5_table || w->rotary;
+    return feat ? bwd_launch<D, T, true>(g, w, device, stream) : bwd_launch<D, T, false>(g, w, device, stream);
+}
+
+template <typename T>
+static cudaError_t bwd_launch_dtype(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
+{
+    switch (g->p.D) {
+    case 32: return bwd_launch_d<32, T>(g, w, device, stream);
+    case 64: return bwd_launch_d<64, T>(g, w, device, stream);
+    case 96: return bwd_launch_d<96, T>(g, w, device, stream);
+    case 128: return bwd_launch_d<128, T>(g, w, device, stream);
+    default: return cudaErrorNotSupported;
+    }
+}
+
+#endif

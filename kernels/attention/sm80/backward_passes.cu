@@ -1,0 +1,155 @@
+/* The passes around the attention backward's main kernel (backward.cuh), sm_80+, fp16/bf16:
+ *   pre:  D_i = rowsum(dO_i o O_i) in float32, and dQ's float32 accumulator zeroed (the main kernel adds to it);
+ *   post: dQ = scale * accumulator, rotated back when the forward rotated q, converted to dq's dtype and strides.
+ * Memory-bound: each reads and writes its rows once, a thread per 16-byte chunk (pre) or chunk pair (post: the pair a
+ * rotation couples, x[c] and x[c + D/2]).
+ *
+ * Build: part of the extension; alone: nvcc -O3 -std=c++17 -gencode=arch=compute_80,code=sm_80 -Ikernels -c kernels/attention/sm80/backward_passes.cu
+ * Run:   pytest tests/test_attention_backward_gpu.py
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "attention/rotary/rotary.cuh"
+#include "attention/sequence.cuh"
+#include "attention/sm80/backward.h"
+#include "common/launch.cuh"
+
+#define FS_PASS_THREADS 256
+
+typedef struct {
+    fs_attn_bwd_params g;
+    fs_bwd_work w;
+    int S, nb;       /* rows per batch and batches: (Sq, B) padded, (total_q, 1) packed */
+} fs_pass_args;
+
+/* Batch, row in the batch and head of pass row r (of nb * S) and head h: the workspace row and the tensors' offsets. */
+typedef struct { int b, i; int64_t ws_row; } fs_pass_row;
+FS_DEV fs_pass_row pass_row(const fs_pass_args &a, long long r, int h)
+{
+    fs_pass_row x;
+    x.b = (int)(r / a.S);
+    x.i = (int)(r % a.S);
+    x.ws_row = a.g.p.cu_seqlens_q ? (int64_t)h * a.g.p.total_q + x.i : ((int64_t)x.b * a.g.p.H + h) * a.S + x.i;
+    return x;
+}
+
+/* Pre-pass: TPR threads per row (a power of two at least D / 8), one block per row block x head. */
+template <int D, typename T>
+__global__ void __launch_bounds__(FS_PASS_THREADS) backward_pre(const fs_pass_args a)
+{
+    constexpr int CH = D / 8, TPR = CH <= 4 ? 4 : CH <= 8 ? 8 : CH <= 16 ? 16 : 32, ROWS = FS_PASS_THREADS / TPR;
+    const fs_attn_params &p = a.g.p;
+    const int h = blockIdx.x % p.H, c = threadIdx.x % TPR;
+    const long long r = (long long)(blockIdx.x / p.H) * ROWS + threadIdx.x / TPR;
+    const bool live = r < (long long)a.nb * a.S && c < CH; /* every thread reaches the shuffles */
+    float sum = 0.f;
+    if (live) {
+        const fs_pass_row x = pass_row(a, r, h);
+        const uint4 o = __ldg(reinterpret_cast<const uint4 *>(static_cast<const T *>(p.o) + x.b * p.o_sb + h * p.o_sh +
+                                                               x.i * p.o_ss + c * 8));
+        const uint4 d = __ldg(reinterpret_cast<const uint4 *>(static_cast<const T *>(a.g.dout) + x.b * a.g.do_sb +
+                                                               h * a.g.do_sh + x.i * a.g.do_ss + c * 8));
+        const uint32_t *ow = reinterpret_cast<const uint32_t *>(&o), *dw = reinterpret_cast<const uint32_t *>(&d);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 of = unpack2<T>(ow[e]), df = unpack2<T>(dw[e]);
+            sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
+        }
+        float4 *acc = reinterpret_cast<float4 *>(a.w.dq_acc + x.ws_row * D + c * 8);
+        acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int m = TPR / 2; m > 0; m /= 2) sum += __shfl_xor_sync(0xffffffff, sum, m);
+    if (live && c == 0) a.w.delta[pass_row(a, r, h).ws_row] = sum;
+}
+
+/* Post-pass: D / 16 threads per row, each the chunk pair (c, c + D/16) of 8 elements. */
+template <int D, typename T>
+__global__ void __launch_bounds__(FS_PASS_THREADS) backward_post(const fs_pass_args a)
+{
+    constexpr int HALF = D / 16, ROWS = FS_PASS_THREADS / HALF;
+    const fs_attn_params &p = a.g.p;
+    const int h = blockIdx.x % p.H, c = threadIdx.x % HALF;
+    const long long r = (long long)(blockIdx.x / p.H) * ROWS + threadIdx.x / HALF;
+    if (threadIdx.x >= ROWS * HALF || r >= (long long)a.nb * a.S) return;
+    const fs_pass_row x = pass_row(a, r, h);
+    const float4 *acc = reinterpret_cast<const float4 *>(a.w.dq_acc + x.ws_row * D);
+    float lo[8], hi[8];
+    *reinterpret_cast<float4 *>(lo) = acc[2 * c];
+    *reinterpret_cast<float4 *>(lo + 4) = acc[2 * c + 1];
+    *reinterpret_cast<float4 *>(hi) = acc[2 * (c + HALF)];
+    *reinterpret_cast<float4 *>(hi + 4) = acc[2 * (c + HALF) + 1];
+    if (a.w.rotary) {
+        const int pos = p.cu_seqlens_q ? x.i - __ldg(p.cu_seqlens_q + packed_sequence(p.cu_seqlens_q, p.B, x.i)) : x.i;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float s, co;
+            sincos_reduced((float)pos * rotary_inv_freq(c * 8 + e, D, a.w.rotary_base), &s, &co);
+            const float u = lo[e], v = hi[e];
+            lo[e] = u * co + v * s;
+            hi[e] = v * co - u * s;
+        }
+    }
+    uint4 out_lo, out_hi;
+    uint32_t *wl = reinterpret_cast<uint32_t *>(&out_lo), *wh = reinterpret_cast<uint32_t *>(&out_hi);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        wl[e] = pack2<T>(lo[2 * e] * a.w.scale, lo[2 * e + 1] * a.w.scale);
+        wh[e] = pack2<T>(hi[2 * e] * a.w.scale, hi[2 * e + 1] * a.w.scale);
+    }
+    T *dq = static_cast<T *>(a.g.dq) + x.b * a.g.dq_sb + h * a.g.dq_sh + x.i * a.g.dq_ss;
+    *reinterpret_cast<uint4 *>(dq + c * 8) = out_lo;
+    *reinterpret_cast<uint4 *>(dq + (c + HALF) * 8) = out_hi;
+}
+
+/* Launch one pass over every (row, head) of g. */
+template <int D, typename T>
+static cudaError_t launch_pass(const fs_pass_args *a, bool pre, int device, cudaStream_t stream)
+{
+    static fs_kernel handles[2];
+    constexpr int TPR = D / 8 <= 4 ? 4 : D / 8 <= 8 ? 8 : D / 8 <= 16 ? 16 : 32;
+    const int rows_per_block = pre ? FS_PASS_THREADS / TPR : FS_PASS_THREADS / (D / 16);
+    const long long blocks = ((long long)a->nb * a->S + rows_per_block - 1) / rows_per_block * a->g.p.H;
+    if (blocks == 0) return cudaSuccess;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    const void *kernel = pre ? (const void *)backward_pre<D, T> : (const void *)backward_post<D, T>;
+    cudaError_t err = fs_kernel_prepare(kernel, &handles[pre], 0, device);
+    void *args[] = {const_cast<fs_pass_args *>(a)};
+    return err != cudaSuccess ? err : fs_launch(&handles[pre], device, (unsigned)blocks, FS_PASS_THREADS, 0, stream, args);
+}
+
+template <typename T>
+static cudaError_t launch_pass_dtype(const fs_pass_args *a, bool pre, int device, cudaStream_t stream)
+{
+    switch (a->g.p.D) {
+    case 32: return launch_pass<32, T>(a, pre, device, stream);
+    case 64: return launch_pass<64, T>(a, pre, device, stream);
+    case 96: return launch_pass<96, T>(a, pre, device, stream);
+    case 128: return launch_pass<128, T>(a, pre, device, stream);
+    default: return cudaErrorNotSupported;
+    }
+}
+
+/* The arguments of a pass over g. */
+static cudaError_t run_pass(const fs_attn_bwd_params *g, const fs_bwd_work *w, bool pre, int device, cudaStream_t stream)
+{
+    fs_pass_args a;
+    a.g = *g;
+    a.w = *w;
+    a.S = g->p.cu_seqlens_q ? (int)g->p.total_q : g->p.Sq;
+    a.nb = g->p.cu_seqlens_q ? 1 : g->p.B;
+    return g->p.dtype == FS_BF16 ? launch_pass_dtype<__nv_bfloat16>(&a, pre, device, stream)
+                                 : launch_pass_dtype<__half>(&a, pre, device, stream);
+}
+
+cudaError_t fs_sm80_backward_pre(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
+{
+    return run_pass(g, w, true, device, stream);
+}
+
+cudaError_t fs_sm80_backward_post(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
+{
+    return run_pass(g, w, false, device, stream);
+}

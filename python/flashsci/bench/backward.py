@@ -1,0 +1,176 @@
+"""Benchmark of the attention backward against torch (python -m flashsci.bench --sets backward).
+
+- sweep: B * S = 16384, H * D = 2048, D = 64 and 128, causal and not: flashsci.attention_backward against the backward
+  of SDPA's FlashAttention-2 backend and of its cuDNN backend (torch.autograd.grad of an output whose forward ran on
+  that backend, retain_graph, so the backward alone is timed); the protein shapes ESM2-3B (8, 40, 1024, 64) and
+  ProtT5-XL (8, 32, 1024, 128) likewise.
+- varlen: ESM2-3B heads on 16k-token batches of real UniProt lengths (random order): attention_varlen_backward on the
+  packed batch against SDPA's backward on the same batch padded, with the key padding mask.
+TF/s count 2.5x the forward's FLOPs (FlashAttention's convention: 4 B H Sq Sk D forward, half for causal). Kernel times
+by CUDA events around back-to-back calls over input sets larger than L2 (torch's autograd backward cannot be captured
+in a graph on its own), medians, flashsci in a pair of turns with each torch variant.
+"""
+import itertools
+import random
+import time
+
+import flashsci
+from flashsci.bench.proteins import read_lengths, token_batches
+from flashsci.bench.results import slug, write_plot, write_results
+from flashsci.bench.timing import event_turns_us, flops
+
+SWEEP = [(16384 // s, 2048 // d, s, d) for d in (64, 128) for s in (512, 1024, 2048, 4096, 8192)]
+PROTEIN = [("ESM2-3B", (8, 40, 1024, 64)), ("ProtT5-XL", (8, 32, 1024, 128))]
+
+
+def backward_sets(torch, b, h, s, d, dtype, causal, backends, n_sets=2):
+    """Rotating input sets: (q, k, v, dout, out, lse) for flashsci and, per torch backend, the outputs whose
+    backward torch runs ({name: (out, (q, k, v))}); n_sets x 5 tensors of B H S D exceed the L2 from 1k tokens."""
+    from torch.nn.attention import sdpa_kernel
+    F = torch.nn.functional
+    sets = []
+    for _ in range(n_sets):
+        q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(4))
+        out, lse = flashsci.attention(q, k, v, causal=causal, return_lse=True)
+        theirs = {}
+        for name, be in backends.items():
+            leaves = tuple(x.detach().requires_grad_() for x in (q, k, v))
+            try:
+                with sdpa_kernel(be):
+                    theirs[name] = (F.scaled_dot_product_attention(*leaves, is_causal=causal), leaves)
+            except RuntimeError:
+                theirs[name] = None
+        sets.append((q, k, v, dout, out, lse, theirs))
+    return sets
+
+
+def torch_backward(torch, name):
+    """The timed torch call: the backward of the saved forward of backend `name`."""
+    def fn(q, k, v, dout, out, lse, theirs):
+        if theirs[name] is None:
+            raise RuntimeError(f"SDPA backend {name} does not take these inputs")
+        o, leaves = theirs[name]
+        return torch.autograd.grad(o, leaves, dout, retain_graph=True)
+    return fn
+
+
+def bench_dense(torch, dtype, causal, label, b, h, s, d):
+    from torch.nn.attention import SDPBackend
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+    sets = backward_sets(torch, b, h, s, d, dtype, causal, backends)
+    fs = lambda q, k, v, dout, out, lse, theirs: flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal)
+    pairs = {}
+    for n in backends:
+        if sets[0][6][n] is None:
+            pairs[n] = (event_turns_us(torch, {"fs": fs}, sets)["fs"], None)
+        else:
+            t = event_turns_us(torch, {"fs": fs, n: torch_backward(torch, n)}, sets)
+            pairs[n] = (t["fs"], t[n])
+    bwd_flops = 2.5 * flops(b, h, s, s, d, causal)
+    row = {"set": label, "B": b, "H": h, "S": s, "D": d, "causal": causal}
+    for n in backends:
+        fs_t, t = pairs[n]
+        row[f"flashsci us (vs {n})"] = fs_t
+        row[f"{n} us"] = t
+        row[f"{n} TF/s"] = bwd_flops / t / 1e6 if t else None
+        row[f"speedup vs {n}"] = t / fs_t if t else None
+    row["flashsci TF/s"] = bwd_flops / pairs["flash"][0] / 1e6
+    q, k, v, dout, out, lse, theirs = sets[0]
+    mine = fs(*sets[0])
+    ref = torch_backward(torch, "flash")(*sets[0]) if theirs["flash"] else None
+    row["max diff vs flash"] = max((a.float() - r.float()).abs().max().item() for a, r in zip(mine, ref)) if ref else None
+    del sets
+    torch.cuda.empty_cache()
+    return row
+
+
+def bench_varlen(torch, dtype, lengths, n_batches=4):
+    F = torch.nn.functional
+    h, d = 40, 64
+    capped = [min(n, 4096) for n in lengths]
+    random.Random(0).shuffle(capped)
+    rows = []
+    for i, lens in enumerate(token_batches(capped)[:n_batches]):
+        b, s, total = len(lens), max(lens), sum(lens)
+        cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+        q, k, v, dout = (torch.randn(total, h, d, device="cuda", dtype=dtype) for _ in range(4))
+        out, lse = flashsci.attention_varlen(q, k, v, cu, cu, s, s, return_lse=True)
+        padded = []
+        for x in (q, k, v, dout):   # the same batch padded to (B, H, S, D)
+            y = torch.zeros(b, s, h, d, device="cuda", dtype=dtype)
+            for j, (lo, hi) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+                y[j, : hi - lo] = x[lo:hi]
+            padded.append(y.transpose(1, 2))
+        keep = (torch.arange(s, device="cuda")[None, :] < torch.tensor(lens, device="cuda")[:, None])[:, None, None, :]
+        leaves = tuple(x.detach().requires_grad_() for x in padded[:3])
+        o = F.scaled_dot_product_attention(*leaves, attn_mask=keep)
+        sets = [(q, k, v, dout, out, lse, padded[3], o, leaves)]
+        fs = lambda q, k, v, dout, out, lse, pd, o, lv: flashsci.attention_varlen_backward(dout, q, k, v, out, lse, cu,
+                                                                                           cu, s, s)
+        sd = lambda q, k, v, dout, out, lse, pd, o, lv: torch.autograd.grad(o, lv, pd, retain_graph=True)
+        t = event_turns_us(torch, {"fs": fs, "sdpa": sd}, sets)
+        fs_t, t = t["fs"], t["sdpa"]
+        useful = 2.5 * 4.0 * h * d * sum(n * n for n in lens)
+        rows.append({"set": "varlen", "batch": i, "B": b, "S": s, "tokens": total, "D": d, "H": h, "causal": False,
+                     "flashsci us": fs_t, "sdpa+mask us": t, "speedup vs sdpa+mask": t / fs_t,
+                     "flashsci TF/s": useful / fs_t / 1e6})
+        print(f"varlen batch {i}: {b}x{s} ({total} tokens): flashsci {fs_t:.1f} us, SDPA+mask {t:.1f} us -> {t / fs_t:.2f}x",
+              flush=True)
+        del sets, padded, leaves, o
+        torch.cuda.empty_cache()
+    return rows
+
+
+def run_backward(dtype_name, out_dir, fasta=None):
+    import torch
+    dtype = getattr(torch, dtype_name)
+    props = torch.cuda.get_device_properties(0)
+    print(f"GPU: {props.name}; torch {torch.__version__}; dtype {dtype_name}", flush=True)
+    rows = []
+    for (label, shape), causal in itertools.chain(((("sweep", c), cz) for c in SWEEP for cz in (False, True)),
+                                                  ((p, False) for p in PROTEIN)):
+        row = bench_dense(torch, dtype, causal, label, *shape)
+        rows.append(row)
+        print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in row.items()),
+              flush=True)
+    path, lengths = read_lengths(fasta)
+    rows += bench_varlen(torch, dtype, lengths)
+    meta = {"gpu": props.name, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "dtype": dtype_name,
+            "fasta": path, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if out_dir:
+        stem = f"backward_{slug(props.name)}_{dtype_name}"
+        write_results(out_dir, stem, meta, rows, _markdown(rows, meta))
+        dense = [r for r in rows if r["set"] != "varlen"]
+        write_plot(out_dir, stem, f"attention backward on {props.name}, {dtype_name}",
+                   [f"{r['B']}x{r['H']}x{r['S']}x{r['D']}{' c' if r['causal'] else ''}" for r in dense],
+                   {"vs FA2 (SDPA flash)": [r["speedup vs flash"] for r in dense],
+                    "vs cuDNN": [r["speedup vs cudnn"] for r in dense]}, "torch time / flashsci time")
+    return rows
+
+
+def _f(x, spec=".1f"):
+    return "—" if x is None else format(x, spec)
+
+
+def _markdown(rows, meta):
+    out = [f"# flashsci attention backward vs torch — {meta['gpu']}", "",
+           f"torch {meta['torch']}, cuDNN {meta['cudnn']}, {meta['dtype']}, {meta['date']}. Backward alone (µs, CUDA "
+           "events, median); TF/s with 2.5x the forward FLOPs. flashsci is timed in a pair with each torch backend; "
+           "speedup = torch time / flashsci time within the pair.", "",
+           "| set | B×H×S×D | causal | flashsci µs | TF/s | FA2 µs | FA2 TF/s | vs FA2 | cuDNN µs | cuDNN TF/s | vs cuDNN |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["set"] == "varlen":
+            continue
+        out.append(f"| {r['set']} | {r['B']}×{r['H']}×{r['S']}×{r['D']} | {'yes' if r['causal'] else 'no'} | "
+                   f"{r['flashsci us (vs flash)']:.1f} | {r['flashsci TF/s']:.0f} | {_f(r['flash us'])} | "
+                   f"{_f(r['flash TF/s'], '.0f')} | {_f(r['speedup vs flash'], '.2f')}× | {_f(r['cudnn us'])} | "
+                   f"{_f(r['cudnn TF/s'], '.0f')} | {_f(r['speedup vs cudnn'], '.2f')}× |")
+    out += ["", f"Packed varlen backward, ESM2-3B heads (H=40, D=64), 16k-token batches of {meta['fasta']} (random "
+            "order, lengths capped at 4096), against SDPA's backward on the padded batch with the key padding mask:", "",
+            "| batch | B×S | tokens | flashsci µs | useful TF/s | SDPA+mask µs | speedup |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["set"] == "varlen":
+            out.append(f"| {r['batch']} | {r['B']}×{r['S']} | {r['tokens']} | {r['flashsci us']:.1f} | "
+                       f"{r['flashsci TF/s']:.0f} | {r['sdpa+mask us']:.1f} | {r['speedup vs sdpa+mask']:.2f}× |")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,275 @@
+"""CUDA attention backward (sm_80+ kernels) against torch: every gradient within 2x the error of torch's own
+low-precision backward (SDPA with the masks and biases materialised, rotary in the input dtype) against float64
+autograd through the same attention; outputs NaN-poisoned first; rows without a kept key get zero gradients."""
+import random
+
+import numpy as np
+import pytest
+
+import flashsci
+from test_attention_features_gpu import causal_keep, esm_rotary, pack, poisoned, rand, t5_dense
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+F = torch.nn.functional
+DTYPES = [torch.float16, torch.bfloat16]
+
+
+def attention64(q, k, v, scale, keep=None, add=None, rotary=None):
+    """float64 attention on (B, H, S, D) leaves, differentiable; K/V heads repeated for grouped queries; rows with no
+    kept key give zeros (and zero gradients)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    if rotary:
+        q, k, scale = esm_rotary(q * scale, rotary), esm_rotary(k, rotary), 1.0
+    s = (q @ k.transpose(-1, -2)) * scale
+    if add is not None:
+        s = s + add.double()
+    if keep is None:
+        return torch.softmax(s, -1) @ v
+    keep = keep.expand_as(s)
+    live = keep.any(-1, keepdim=True)
+    s = s.masked_fill(~keep, float("-inf")).masked_fill(~live, 0.0)
+    return (torch.softmax(s, -1) * live) @ v
+
+
+def attention_lowp(q, k, v, scale, keep=None, add=None, rotary=None, causal=False):
+    """torch's own result in the input dtype: SDPA (flash / efficient / cuDNN where they apply, else math) with the
+    mask and bias as one additive mask; rotary in the input dtype."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    if rotary:
+        q, k, scale = esm_rotary(q * scale, rotary), esm_rotary(k, rotary), 1.0
+    if keep is None and add is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    mask = torch.zeros((), device=q.device, dtype=torch.float32)
+    if add is not None:
+        mask = mask + add.float()
+    if keep is not None:
+        mask = mask.masked_fill(~keep, float("-inf"))
+    mask = mask.to(q.dtype).expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def grads(fn, q, k, v, dout, **kw):
+    """(dq, dk, dv) of sum(fn(q, k, v) * dout), NaN (torch's result for rows without a key) as 0."""
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    out = fn(*leaves, **kw)
+    return [g.nan_to_num(0.0) for g in torch.autograd.grad(out, leaves, dout.to(out.dtype))]
+
+
+def check(ours, ref, theirs, what):
+    """ours within 2x torch's low-precision error against the float64 reference, for dq, dk, dv."""
+    for name, o, r, t in zip(("dq", "dk", "dv"), ours, ref, theirs):
+        assert o.shape == r.shape, f"{what} {name}: shape {tuple(o.shape)} != {tuple(r.shape)}"
+        assert torch.isfinite(o).all(), f"{what} {name}: NaN-poisoned or non-finite gradient left"
+        err = (o.double() - r).abs().max().item()
+        torch_err = (t.double() - r).abs().max().item()
+        assert err <= 2 * torch_err + 1e-7 * r.abs().max().item(), f"{what} {name}: err {err:.3e} > 2 x torch {torch_err:.3e}"
+
+
+def flashsci_grads(q, k, v, dout, **kw):
+    """flashsci's forward (return_lse) then backward into poisoned gradients."""
+    out, lse = flashsci.attention(q, k, v, return_lse=True, **kw)
+    dq, dk, dv = poisoned(q), poisoned(k), poisoned(v)
+    res = flashsci.attention_backward(dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, **kw)
+    assert res[0] is dq and res[1] is dk and res[2] is dv
+    return dq, dk, dv
+
+
+def run_case(b, h, hkv, sq, sk, d, dtype, causal=False, kpm=None, lens=None, add=None, table=None, rotary=None,
+             layout="bhsd", scale=None, what=""):
+    """One problem through flashsci and both references, options as flashsci takes them."""
+    q, k, v, dout = rand(b, h, sq, d, dtype=dtype), rand(b, hkv, sk, d, dtype=dtype), rand(b, hkv, sk, d, dtype=dtype), \
+        rand(b, h, sq, d, dtype=dtype)
+    sc = d ** -0.5 if scale is None else scale
+    keep = torch.ones(b, 1, sq, sk, dtype=torch.bool, device="cuda")
+    kw, masked = {}, False
+    if causal:
+        kw["causal"], keep, masked = True, keep & causal_keep(sq, sk), True
+    if kpm is not None:
+        kw["key_padding_mask"], keep, masked = kpm, keep & kpm[:, None, None, :], True
+    if lens is not None:
+        kw["seqlens"] = lens
+        valid = torch.arange(sq, device="cuda")[None, :] < lens[:, None].long()
+        keep, masked = keep & valid[:, None, None, :] & valid[:, None, :, None], True
+    total = add
+    if add is not None:
+        kw["bias"] = add
+    if table is not None:
+        kw["t5_bias"] = (table, table.shape[1], 128, True)
+        t5 = t5_dense(table, sq, sk, table.shape[1], 128, True)
+        total = t5 if total is None else total + t5
+    if rotary:
+        kw["rotary"] = rotary
+    if scale is not None:
+        kw["scale"] = scale
+    ref_kw = dict(scale=sc, keep=keep if masked else None, add=total, rotary=rotary)
+    ref = grads(attention64, *(x.double() for x in (q, k, v)), dout.double(), **ref_kw)
+    theirs = grads(attention_lowp, q, k, v, dout, causal=causal and not masked, **ref_kw)
+    if layout == "bshd":
+        tq, tk, tv, tdo = (x.transpose(1, 2).contiguous() for x in (q, k, v, dout))
+        ours = [x.transpose(1, 2) for x in flashsci_grads(tq, tk, tv, tdo, layout="bshd", **kw)]
+    else:
+        ours = flashsci_grads(q, k, v, dout, **kw)
+    check(ours, ref, theirs, what or f"{b, h, hkv, sq, sk, d, dtype} {sorted(kw)}")
+    return ours
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [32, 64, 96, 128])
+def test_plain(d, causal, dtype):
+    run_case(2, 3, 3, 300, 300, d, dtype, causal=causal)
+
+
+@pytest.mark.parametrize("sq,sk", [(1, 1), (1, 200), (200, 1), (77, 300), (300, 77), (1024, 1024), (129, 128)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_lengths(sq, sk, causal):
+    run_case(1, 2, 2, sq, sk, 64, torch.float16, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grouped_kv_and_layout(dtype):
+    run_case(2, 8, 2, 333, 333, 64, dtype, causal=True)
+    run_case(2, 6, 3, 200, 250, 128, dtype, layout="bshd")
+    run_case(1, 4, 1, 100, 100, 96, dtype, layout="bshd", causal=True)
+
+
+def test_strided_inputs():
+    """q, k, v, dout as views into wider buffers (head-interleaved qkv), gradients into strided outputs."""
+    b, s, h, d = 2, 260, 4, 64
+    qkv = rand(b, s, 3, h, d)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    dout = rand(b, s, h, 2 * d)[..., :d]
+    out, lse = flashsci.attention(q, k, v, layout="bshd", causal=True, return_lse=True)
+    dqkv = torch.full_like(qkv, float("nan"))
+    dq, dk, dv = flashsci.attention_backward(dout, q, k, v, out, lse, layout="bshd", causal=True, dq=dqkv[:, :, 0],
+                                             dk=dqkv[:, :, 1], dv=dqkv[:, :, 2])
+    ref = grads(attention64, *(x.transpose(1, 2).double() for x in (q, k, v)), dout.transpose(1, 2).double(),
+                scale=d ** -0.5, keep=causal_keep(s, s))
+    theirs = grads(attention_lowp, *(x.transpose(1, 2) for x in (q, k, v)), dout.transpose(1, 2), scale=d ** -0.5,
+                   causal=True)
+    check([x.transpose(1, 2) for x in (dq, dk, dv)], ref, theirs, "strided")
+    assert torch.isfinite(dqkv).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+def test_key_padding_mask_and_seqlens(d, dtype):
+    b, s = 3, 400
+    kpm = torch.rand(b, s, device="cuda") < 0.7
+    kpm[2] = False                                    # a batch whose every key is padded: zero gradients
+    ours = run_case(b, 4, 4, s, s, d, dtype, kpm=kpm)
+    assert (ours[0][2] == 0).all() and (ours[1][2] == 0).all() and (ours[2][2] == 0).all()
+    lens = torch.tensor([400, 1, 0], dtype=torch.int32, device="cuda")
+    ours = run_case(b, 4, 2, s, s, d, dtype, lens=lens, causal=True)
+    assert (ours[0][1, :, 1:] == 0).all() and (ours[1][1, :, 1:] == 0).all() and (ours[2][2] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_t5_rotary(dtype):
+    s = 300
+    run_case(2, 4, 4, s, s, 64, dtype, add=torch.randn(2, 1, s, s, device="cuda", dtype=dtype))
+    run_case(2, 4, 4, s, s + 20, 128, dtype, add=torch.randn(1, 4, 1, s + 20, device="cuda"), causal=True)
+    run_case(2, 4, 4, s, s, 64, dtype, table=torch.randn(4, 32, device="cuda"), scale=1.0)
+    run_case(2, 4, 2, s, s, 128, dtype, table=torch.randn(4, 32, device="cuda"), causal=True)
+    run_case(2, 4, 4, 700, 700, 64, dtype, rotary=10000.0)
+    run_case(1, 4, 2, 300, 300, 128, dtype, rotary=500.0, causal=True, kpm=torch.rand(1, 300, device="cuda") < 0.8)
+
+
+def varlen_grads(q, k, v, dout, cu_q, cu_k, causal, scale, rotary=None, table=None):
+    """Per sequence: float64 reference and torch's own low-precision gradients, packed back."""
+    ref = [torch.zeros_like(x, dtype=torch.float64) for x in (q, k, v)]
+    theirs = [torch.zeros_like(x) for x in (q, k, v)]
+    for i in range(len(cu_q) - 1):
+        a, e, ka, ke = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+        if e == a or ke == ka:
+            continue
+        qs, ks, vs, ds = (x.transpose(0, 1)[None] for x in (q[a:e], k[ka:ke], v[ka:ke], dout[a:e]))
+        keep = causal_keep(e - a, ke - ka) if causal else None
+        add = t5_dense(table, e - a, ke - ka, table.shape[1], 128, True) if table is not None else None
+        kw = dict(scale=scale, keep=keep, add=add, rotary=rotary)
+        r = grads(attention64, *(x.double() for x in (qs, ks, vs)), ds.double(), **kw)
+        t = grads(attention_lowp, qs, ks, vs, ds, **kw)
+        for acc, g, (lo, hi) in zip(ref, r, ((a, e), (ka, ke), (ka, ke))):
+            acc[lo:hi] = g[0].transpose(0, 1)
+        for acc, g, (lo, hi) in zip(theirs, t, ((a, e), (ka, ke), (ka, ke))):
+            acc[lo:hi] = g[0].transpose(0, 1)
+    return ref, theirs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen(causal, dtype):
+    lengths = [1, 80, 0, 333, 1000, 2, 129]
+    cu, (q, k, v) = pack(lengths, 4, 64, dtype)
+    dout = torch.randn_like(q)
+    out, lse = flashsci.attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=causal, return_lse=True)
+    dq, dk, dv = poisoned(q), poisoned(k), poisoned(v)
+    flashsci.attention_varlen_backward(dout, q, k, v, out, lse, cu, cu, max(lengths), max(lengths), causal=causal,
+                                       dq=dq, dk=dk, dv=dv)
+    ref, theirs = varlen_grads(q, k, v, dout, cu, cu, causal, 0.125)
+    check((dq, dk, dv), ref, theirs, "varlen")
+
+
+def test_varlen_cross_lengths_t5_rotary():
+    lq, lk = [5, 300, 64, 7, 0], [9, 200, 0, 700, 3]
+    cu_q, (q, _, _) = pack(lq, 2, 128, torch.bfloat16)
+    cu_k, (_, k, v) = pack(lk, 2, 128, torch.bfloat16)
+    dout = torch.randn_like(q)
+    table = torch.randn(2, 32, device="cuda")
+    for kw, ref_kw in [({}, {}), ({"t5_bias": (table, 32, 128, True)}, {"table": table}),
+                       ({"rotary": True}, {"rotary": 10000.0})]:
+        out, lse = flashsci.attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), return_lse=True, **kw)
+        dq, dk, dv = flashsci.attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(lq), max(lk), **kw)
+        ref, theirs = varlen_grads(q, k, v, dout, cu_q, cu_k, False, 128 ** -0.5, **ref_kw)
+        check((dq, dk, dv), ref, theirs, f"varlen {list(kw)}")
+        assert (dq[305:369] == 0).all()
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_fuzzed(seed):
+    rng = random.Random(seed * 7919 + 11)
+    d = rng.choice([32, 64, 96, 128])
+    dtype = rng.choice(DTYPES)
+    b, hkv = rng.randint(1, 3), rng.randint(1, 3)
+    h = hkv * rng.choice([1, 1, 2, 4])
+    sq = rng.randint(1, 520)
+    sk = sq if rng.random() < 0.6 else rng.randint(1, 520)
+    kw = dict(causal=rng.random() < 0.4, layout=rng.choice(["bhsd", "bshd"]))
+    if rng.random() < 0.3:
+        kw["kpm"] = torch.rand(b, sk, device="cuda") < rng.random()
+    if sq == sk and rng.random() < 0.3:
+        kw["lens"] = torch.tensor([rng.randint(0, sq) for _ in range(b)], dtype=torch.int32, device="cuda")
+    if rng.random() < 0.25:
+        kw["table"] = torch.randn(h, 32, device="cuda")
+    if rng.random() < 0.25:
+        kw["add"] = torch.randn(*rng.choice([(1, h, 1, sk), (b, 1, sq, sk), (sq, sk)]), device="cuda")
+    if rng.random() < 0.3:
+        kw["rotary"] = rng.choice([10000.0, 500.0])
+    run_case(b, h, hkv, sq, sk, d, dtype, what=f"seed {seed}", **kw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_autograd(dtype):
+    """flashsci.torch_ops.attention on CUDA: loss.backward() gives the kernels' gradients."""
+    import flashsci.torch_ops  # noqa: F401
+    q, k, v = (rand(2, 4, 200, 64, dtype=dtype).requires_grad_() for _ in range(3))
+    out = flashsci.torch_ops.attention(q, k, v, causal=True)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref = flashsci_grads(q.detach(), k.detach(), v.detach(), dout, causal=True)
+    for got, want in zip((q.grad, k.grad, v.grad), ref):
+        assert torch.equal(got, want)
+
+
+def test_unsupported_are_clear():
+    q, k, v = (rand(1, 2, 64, 64) for _ in range(3))
+    out, lse = flashsci.attention(q, k, v, return_lse=True)
+    q256 = rand(1, 2, 64, 256)
+    o256, l256 = flashsci.attention(q256, q256, q256, return_lse=True)
+    with pytest.raises(ValueError, match="CUDA attention backward supports head dims 32, 64, 96 and 128, got 256"):
+        flashsci.attention_backward(o256, q256, q256, q256, o256, l256)
+    with pytest.raises(TypeError, match="float16 and bfloat16"):
+        flashsci.attention_backward(out.float(), q.float(), k.float(), v.float(), out.float(), lse)
