@@ -59,13 +59,21 @@ def grads(fn, q, k, v, dout, **kw):
 
 
 def check(ours, ref, theirs, what):
-    """ours within 2x torch's low-precision error against the float64 reference, for dq, dk, dv."""
+    """ours within 2x torch's low-precision error against the float64 reference, for dq, dk, dv. Where torch is exact
+    (a gradient that is 0 in exact arithmetic, such as dq over a single key), rounding of 1e-4 of the largest gradient
+    entry is allowed."""
+    floor = 1e-4 * max(r.abs().max().item() for r in ref)
     for name, o, r, t in zip(("dq", "dk", "dv"), ours, ref, theirs):
         assert o.shape == r.shape, f"{what} {name}: shape {tuple(o.shape)} != {tuple(r.shape)}"
         assert torch.isfinite(o).all(), f"{what} {name}: NaN-poisoned or non-finite gradient left"
         err = (o.double() - r).abs().max().item()
         torch_err = (t.double() - r).abs().max().item()
-        assert err <= 2 * torch_err + 1e-7 * r.abs().max().item(), f"{what} {name}: err {err:.3e} > 2 x torch {torch_err:.3e}"
+        if err > max(2 * torch_err, floor):
+            at = (o.double() - r).abs().argmax().item()
+            raise AssertionError(f"{what} {name}: err {err:.3e} > 2 x torch {torch_err:.3e} (mean abs err "
+                                 f"{(o.double() - r).abs().mean().item():.2e} vs torch {(t.double() - r).abs().mean().item():.2e}; "
+                                 f"worst at flat index {at}: ref {r.flatten()[at].item():.4f}, ours {o.flatten()[at].item():.4f}, "
+                                 f"torch {t.flatten()[at].item():.4f}; ref max {r.abs().max().item():.3f})")
 
 
 def flashsci_grads(q, k, v, dout, **kw):
