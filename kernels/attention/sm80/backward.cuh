@@ -3,19 +3,22 @@
  * accumulator zeroed before, dQ scaled, rotated back and converted after. Versions and measurements:
  * docs/notes/attention_sm80.md.
  *
- * Notation: a block owns the key tile K_j, V_j of Bc = 16 * WARPS keys (16 rows per warp, for the whole kernel) and
- * visits the query tiles Q_i, dO_i of Br rows of every query head that reads this K/V head (grouped-query attention
- * sums there), with the forward's logsumexp L_i and D_i = rowsum(dO_i o O_i). In log2 units (c = scale log2 e):
- *   S^T  = K_j Q_i^T                              (per warp: its 16 keys x Br queries, registers)
- *   P^T  = exp2(S^T c + bias log2 e - L_i log2 e)  masked entries 0; a row with L = -inf (no key) gives 0
- *   dV_j += P^T dO_i
- *   dP^T = V_j dO_i^T
- *   dS^T = P^T o (dP^T - D_i)                     (the gradient of the scaled scores: the bias's gradient)
- *   dK_j += dS^T Q_i                              (scaled by `scale` in the epilogue)
- *   dQ_i += dS K_j                                (dS^T through shared memory; float32 atomics into the accumulator)
- * P^T and dS^T are fed to the next products straight from the accumulators (two n8 tiles are one k16 A fragment).
- * Q_i, dO_i, L_i, D_i are double-buffered with cp.async; K_j and V_j are loaded once. Keys past the length are
- * zero rows of K and V: they add nothing to dQ, and their dK, dV rows are not stored (zeros in a padded batch).
+ * Notation: a block owns the key tile K_j, V_j of Bc keys and visits the query tiles Q_i, dO_i of Br rows of every
+ * query head that reads this K/V head (grouped-query attention sums there), with the forward's logsumexp L_i and
+ * D_i = rowsum(dO_i o O_i). In log2 units (c = scale log2 e):
+ *   S^T  = K_j Q_i^T               P^T  = exp2(S^T c + bias log2 e - L_i log2 e)  (masked: 0; L = -inf: 0)
+ *   dP^T = V_j dO_i^T              dS^T = P^T o (dP^T - D_i)  (the scaled scores' gradient)
+ *   dV_j += P^T dO_i               dK_j += dS^T Q_i  (scaled by `scale` in the epilogue)
+ *   dQ_i += dS K_j                 (float32 atomics into the accumulator)
+ * Warps work in pairs on 32 keys (two m16 tiles, Bc = 16 * WARPS). Each warp of a pair computes S^T, P^T, dP^T, dS^T
+ * for its half of the Br queries and writes P^T and dS^T to shared memory; after the barrier each accumulates dV and
+ * dK for the pair's 32 keys and its half of the head dim over all Br queries: the A fragments of its own half of the
+ * queries come straight from its registers, the other half from shared memory. Then all warps take a share of dQ_i
+ * from dS^T. Against one warp per 16 keys over all queries (the first version), the tiles are twice as tall, so each
+ * Q_i / dO_i fragment loaded from shared memory feeds twice the MMAs (shared-memory bandwidth bounds this kernel).
+ * Q_i, dO_i, L_i, D_i are double-buffered with cp.async where shared memory allows (a runtime choice: single-buffered
+ * on parts with less of it); K_j and V_j are loaded once. Keys past the length are zero rows of K and V: they add
+ * nothing to dQ, and their dK, dV rows are not stored (zeros in a padded batch).
  */
 #ifndef FLASHSCI_ATTENTION_SM80_BACKWARD_CUH
 #define FLASHSCI_ATTENTION_SM80_BACKWARD_CUH
@@ -30,9 +33,9 @@
 #include "attention/sequence.cuh"
 #include "common/cuda_ptx.cuh"
 
-/* ---- tile configuration, one place: warps (Bc = 16 * WARPS keys per block) and Br query rows per step ---- */
+/* ---- tile configuration, one place: warps (pairs of 32 keys: Bc = 16 * WARPS) and Br query rows per step ---- */
 template <int W, int R> struct fs_bwd_cfg {
-    enum { WARPS = W, BR = R, BC = 16 * W, THREADS = 32 * W };
+    enum { WARPS = W, BR = R, BC = 16 * W, THREADS = 32 * W, MT = 2 /* m16 key tiles per warp */ };
 };
 template <int D> struct fs_bwd_tile;
 /*                                     WARPS BR */
@@ -44,16 +47,18 @@ template <> struct fs_bwd_tile<128> : fs_bwd_cfg<8, 64> {};
 /* Shared-memory row pitch in elements: a multiple of 64 so the 16-byte-chunk XOR swizzle stays in-row. */
 template <int D> struct fs_bwd_pitch { enum { VALUE = D < 64 ? 64 : (D + 63) / 64 * 64 }; };
 
-/* Shared memory of the main kernel: K, V, two buffers of Q and dO, dS^T, two buffers of L and D, then the T5 table. */
+/* Shared memory of the main kernel (byte offsets): K, V, P^T, dS^T, two buffers of L and D, then `stages` buffers of
+ * Q and of dO, then the T5 table. */
 template <int D, typename T> struct fs_bwd_smem {
     typedef fs_bwd_tile<D> tile;
     enum {
         P = fs_bwd_pitch<D>::VALUE, PS = fs_bwd_pitch<tile::BR>::VALUE,
-        K = 0, V = K + tile::BC * P * (int)sizeof(T), Q = V + tile::BC * P * (int)sizeof(T),
-        DO = Q + 2 * tile::BR * P * (int)sizeof(T), DS = DO + 2 * tile::BR * P * (int)sizeof(T),
-        L = DS + tile::BC * PS * (int)sizeof(T), DELTA = L + 2 * tile::BR * 4, T5 = DELTA + 2 * tile::BR * 4,
-        BYTES = T5
+        K = 0, V = K + tile::BC * P * (int)sizeof(T), PT = V + tile::BC * P * (int)sizeof(T),
+        DS = PT + tile::BC * PS * (int)sizeof(T), L = DS + tile::BC * PS * (int)sizeof(T), DELTA = L + 2 * tile::BR * 4,
+        Q = DELTA + 2 * tile::BR * 4, STAGE = tile::BR * P * (int)sizeof(T) /* one buffer of Q or dO */
     };
+    /* bytes with `stages` buffers and t5_n T5 entries */
+    static int bytes(int stages, int t5_n) { return Q + 2 * stages * STAGE + 4 * t5_n; }
 };
 
 /* Everything the main kernel needs beyond the problem. */
@@ -67,6 +72,7 @@ typedef struct {
     int rotary;            /* dK is rotated back in the epilogue (the forward rotated k by rotary_base) */
     float rotary_base;
     int t5_n, t5_lneg;     /* T5 bias (log2 units) of rel = -t5_lneg .. t5_n - 1 - t5_lneg in shared memory */
+    int stages;            /* buffers of Q_i and dO_i: 2 (the next step's copies overlap this one) or 1 */
 } fs_bwd_args;
 
 /* Row of (b, h, i) in the float32 workspaces (Delta, dQ's accumulator): (B, H, Sq) padded, (H, total_q) packed. */
@@ -97,52 +103,76 @@ template <int P> FS_DEV_T void lane_offsets(int (&off)[4], int row, int x)
     for (int j = 0; j < 4; j++) off[j] = row * P + 8 * ((2 * j + x) ^ (row & 7));
 }
 
-/* acc[16 x 8N] += A[16 x 16 KS] B, A from a swizzled row-major tile (k contiguous; lane offsets a_off: rows
- * lane & 15, x = lane >> 4), B from rows 0.. of a swizzled tile holding B^T (n rows, k contiguous; b_off: rows
- * lane & 7 + 8 (lane >> 4), x = (lane >> 3) & 1): the S = X Y^T shape. */
-template <int KS, int N, int PB, typename T>
-FS_DEV_T void mma_abt(float (&acc)[N][4], uint32_t sA, const int (&a_off)[4], uint32_t sB, const int (&b_off)[4])
+/* ldmatrix lane offset (elements) of 16-byte chunk `chunk` of row `row` in a swizzled tile (row & 7 == lane & 7). */
+template <int P> FS_DEV_T int chunk_off(int row, int chunk)
+{
+    return row * P + 64 * (chunk >> 3) + 8 * ((chunk & 7) ^ (row & 7));
+}
+
+/* acc[16 MT x 8N] += A[16 MT x 16 KS] B, A from a swizzled row-major tile (k contiguous; lane offsets a_off: rows
+ * lane & 15, x = lane >> 4; m16 tile mt 16 rows further), B from a swizzled tile holding B^T (n rows, k contiguous;
+ * b_off: rows lane & 7 + 8 (lane >> 4), x = (lane >> 3) & 1, from the first of the N / 8 rows): the S = X Y^T shape. */
+template <int MT, int KS, int N, int PA, int PB, typename T>
+FS_DEV_T void mma_abt(float (&acc)[MT][N][4], uint32_t sA, const int (&a_off)[4], uint32_t sB, const int (&b_off)[4])
 {
 #pragma unroll
     for (int kk = 0; kk < KS; kk++) {
-        uint32_t af[4];
-        ldmatrix_x4(sA + 2 * (a_off[kk & 3] + 64 * (kk >> 2)), af);
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) ldmatrix_x4(sA + 2 * (a_off[kk & 3] + 64 * (kk >> 2) + mt * 16 * PA), af[mt]);
 #pragma unroll
         for (int np = 0; np < N / 2; np++) {
             uint32_t bf[4];
             ldmatrix_x4(sB + 2 * (b_off[kk & 3] + 64 * (kk >> 2) + np * 16 * PB), bf);
-            mma16816<T>(acc[2 * np], af, bf[0], bf[1]);
-            mma16816<T>(acc[2 * np + 1], af, bf[2], bf[3]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma16816<T>(acc[mt][2 * np], af[mt], bf[0], bf[1]);
+                mma16816<T>(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+            }
         }
     }
 }
 
-/* acc[16 x 8N] += A[16 x 16 KS] B with A in registers (a[kk]: the packed k16 fragments) and B from the swizzled rows
- * 0.. of a tile (k rows, n contiguous; transposed loads, t_off: rows lane & 7 + 8 ((lane >> 3) & 1), x = lane >> 4):
- * the P V shape. */
-template <int KS, int N, int PB, typename T>
-FS_DEV_T void mma_reg_b(float (&acc)[N][4], const uint32_t (&a)[KS][4], uint32_t sB, const int (&t_off)[4])
+/* Two n8 tiles of score accumulators (x0: columns 0-7, x1: 8-15; [2r .. 2r + 1] is row g + 8r) as one k16 A fragment of T. */
+template <typename T> FS_DEV_T void pack_a(const float (&x0)[4], const float (&x1)[4], uint32_t (&a)[4])
+{
+    a[0] = pack2<T>(x0[0], x0[1]);
+    a[1] = pack2<T>(x0[2], x0[3]);
+    a[2] = pack2<T>(x1[0], x1[1]);
+    a[3] = pack2<T>(x1[2], x1[3]);
+}
+
+/* acc[16 MT x 8N] += A[16 MT x 16 KS] B for the dV / dK shape: A = this pair's P^T or dS^T (keys x queries), the k16
+ * steps of this warp's own half of the queries from its registers (mine: [mt][KS / 2][4], steps half * KS / 2 ..),
+ * the others from the swizzled tile sA (a_off: lane offsets of the pair's rows); B from the swizzled rows 0.. of a
+ * (queries x head dim) tile, transposed loads, one lane offset per x4 load of this warp's columns (t_off). */
+template <int MT, int KS, int N, int PA, int PB, typename T>
+FS_DEV_T void mma_half_b(float (&acc)[MT][N][4], const uint32_t (&mine)[MT][KS / 2][4], int half, uint32_t sA,
+                         const int (&a_off)[4], uint32_t sB, const int (&t_off)[N / 2])
 {
 #pragma unroll
-    for (int kk = 0; kk < KS; kk++)
+    for (int kk = 0; kk < KS; kk++) {
+        uint32_t af[MT][4];
+        const bool own = (kk < KS / 2) == (half == 0);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            if (own) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) af[mt][e] = mine[mt][kk % (KS / 2)][e];
+            } else {
+                ldmatrix_x4(sA + 2 * (a_off[kk & 3] + 64 * (kk >> 2) + mt * 16 * PA), af[mt]);
+            }
+        }
 #pragma unroll
         for (int np = 0; np < N / 2; np++) {
             uint32_t bf[4];
-            ldmatrix_x4_trans(sB + 2 * (t_off[np & 3] + 64 * (np >> 2) + kk * 16 * PB), bf);
-            mma16816<T>(acc[2 * np], a[kk], bf[0], bf[1]);
-            mma16816<T>(acc[2 * np + 1], a[kk], bf[2], bf[3]);
-        }
-}
-
-/* The accumulators of 16 x 8N scores as k16 A fragments of T: x[n][2r .. 2r + 1] is row g + 8r, n8 tile n. */
-template <int N, typename T> FS_DEV_T void pack_a(const float (&x)[N][4], uint32_t (&a)[N / 2][4])
-{
+            ldmatrix_x4_trans(sB + 2 * (t_off[np] + kk * 16 * PB), bf);
 #pragma unroll
-    for (int kk = 0; kk < N / 2; kk++) {
-        a[kk][0] = pack2<T>(x[2 * kk][0], x[2 * kk][1]);
-        a[kk][1] = pack2<T>(x[2 * kk][2], x[2 * kk][3]);
-        a[kk][2] = pack2<T>(x[2 * kk + 1][0], x[2 * kk + 1][1]);
-        a[kk][3] = pack2<T>(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+            for (int mt = 0; mt < MT; mt++) {
+                mma16816<T>(acc[mt][2 * np], af[mt], bf[0], bf[1]);
+                mma16816<T>(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+            }
+        }
     }
 }
 
@@ -173,20 +203,22 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
 {
     using tile = fs_bwd_tile<D>;
     using sm = fs_bwd_smem<D, T>;
-    constexpr int WARPS = tile::WARPS, BR = tile::BR, BC = tile::BC, THREADS = tile::THREADS;
+    constexpr int WARPS = tile::WARPS, BR = tile::BR, BC = tile::BC, THREADS = tile::THREADS, MT = tile::MT;
     constexpr int P = sm::P, PS = sm::PS, KD = D / 16, NQ = BR / 8, NO = D / 8;
+    constexpr int NH = NQ / 2, NOH = NO / 2;                            /* n8 tiles of a warp's half: queries, head dim */
     constexpr int QG = BR / 16, DPARTS = WARPS / QG, NDQ = NO / DPARTS; /* dQ: warps as QG row groups x DPARTS column parts */
-    static_assert(WARPS % QG == 0 && NO % (2 * DPARTS) == 0, "dQ warp split");
+    static_assert(WARPS % QG == 0 && NO % (2 * DPARTS) == 0 && NOH % 2 == 0 && NH % 2 == 0, "warp splits");
     extern __shared__ __align__(128) unsigned char smem[];
     T *sK = reinterpret_cast<T *>(smem + sm::K), *sV = reinterpret_cast<T *>(smem + sm::V);
-    T *sQ = reinterpret_cast<T *>(smem + sm::Q), *sdO = reinterpret_cast<T *>(smem + sm::DO);
-    T *sdS = reinterpret_cast<T *>(smem + sm::DS);
+    T *sPT = reinterpret_cast<T *>(smem + sm::PT), *sdS = reinterpret_cast<T *>(smem + sm::DS);
     float *sL = reinterpret_cast<float *>(smem + sm::L), *sD = reinterpret_cast<float *>(smem + sm::DELTA);
-    float *s_t5 = reinterpret_cast<float *>(smem + sm::T5);
+    T *sQ = reinterpret_cast<T *>(smem + sm::Q), *sdO = reinterpret_cast<T *>(smem + sm::Q + a.stages * sm::STAGE);
+    float *s_t5 = reinterpret_cast<float *>(smem + sm::Q + 2 * a.stages * sm::STAGE);
 
     const fs_attn_bwd_params &g = a.g;
     const fs_attn_params &p = g.p;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, t4 = lane & 3;
+    const int pair = warp >> 1, half = warp & 1; /* 32 keys per pair; each warp half of the queries, then of the head dim */
     const int hkv_count = p.H / p.kv_group;
     const int kt = blockIdx.x % a.n_kblocks, hkv = blockIdx.x / a.n_kblocks % hkv_count, b = blockIdx.x / a.n_kblocks / hkv_count;
     const int k0 = kt * BC;
@@ -202,71 +234,83 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
     bwd_load_tile<BC, D, THREADS>(sV, gV, p.v_ss, k_valid, tid);
     cp_async_commit();
 
-    /* this thread's two key rows (g, g + 8 of its warp's 16): kept by the key padding mask? */
-    const int key0 = k0 + warp * 16 + gr;
-    bool kept[2] = {true, true};
-    if (FEAT && p.kpm)
-        for (int r = 0; r < 2; r++)
-            kept[r] = key0 + 8 * r < seq.k_len && p.kpm[b * p.kpm_sb + (int64_t)(key0 + 8 * r) * p.kpm_sk];
+    /* this thread's key rows: row0 + 16 mt + 8 r of the block; kept by the key padding mask? */
+    const int row0 = pair * 32 + gr, key0 = k0 + row0;
+    bool kept[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int key = key0 + 16 * mt + 8 * r;
+            kept[mt][r] = !(FEAT && p.kpm) || (key < seq.k_len && p.kpm[b * p.kpm_sb + (int64_t)key * p.kpm_sk]);
+        }
     int n_qb = 0, q_begin = 0;
     if (k_valid > 0) {
         q_begin = p.causal ? k0 / BR * BR : 0; /* causal (top-left): queries before k0 see no key of this block */
         n_qb = seq.q_len > q_begin ? (seq.q_len - q_begin + BR - 1) / BR : 0;
-        if (FEAT && p.kpm && !__syncthreads_or(kept[0] || kept[1])) n_qb = 0; /* every key padded: zero gradients */
+        if (FEAT && p.kpm && !__syncthreads_or(kept[0][0] || kept[0][1] || kept[1][0] || kept[1][1]))
+            n_qb = 0; /* every key padded: zero gradients */
     }
     const int n_iter = p.kv_group * n_qb; /* (head of the group, query tile) steps, head outer */
 
-    /* issue step it's Q_i, dO_i, L_i, D_i into buffer it & 1 (the cp.async group is committed regardless) */
+    /* issue step it's Q_i, dO_i, L_i, D_i into its buffers (the cp.async group is committed regardless) */
     auto load_step = [&](int it) {
         if (it < n_iter) {
             const int h = hkv * p.kv_group + it / n_qb, q0 = q_begin + it % n_qb * BR, rows = min(BR, seq.q_len - q0);
-            const int buf = it & 1;
+            const int buf = a.stages == 2 ? it & 1 : 0;
             const T *gQ = static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh + (seq.qo + q0) * p.q_ss;
             const T *gdO = static_cast<const T *>(g.dout) + b * g.do_sb + h * g.do_sh + (seq.qo + q0) * g.do_ss;
             bwd_load_tile<BR, D, THREADS>(sQ + buf * BR * P, gQ, p.q_ss, rows, tid);
             bwd_load_tile<BR, D, THREADS>(sdO + buf * BR * P, gdO, g.do_ss, rows, tid);
-            if (tid < BR / 4 * 2) { /* L and D, 4 floats per copy; rows past the length read as 0 */
-                const int part = tid / (BR / 4), c = tid % (BR / 4), r = c * 4;
+            if (tid < 2 * BR) { /* L and D, one float per thread (lse rows need not be 16-byte aligned); past the length: 0 */
+                const int part = tid / BR, r = tid % BR;
                 const float *src = part == 0 ? static_cast<const float *>(p.lse) + b * p.lse_sb + h * p.lse_sh + seq.qo + q0
                                              : a.delta + fs_bwd_row(p, b, h, seq.qo, q0);
-                float *dst = (part == 0 ? sL : sD) + buf * BR + r;
-                /* 16-byte copies need 16-byte aligned rows: lse's may not be; copy 4-byte pieces then */
-                for (int e = 0; e < 4; e++) {
-                    const bool ok = r + e < rows;
-                    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst + e)),
-                                 "l"(src + (ok ? r + e : 0)), "r"(ok ? 4 : 0));
-                }
+                const bool ok = r < rows;
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr((part == 0 ? sL : sD) + (it & 1) * BR + r)),
+                             "l"(src + (ok ? r : 0)), "r"(ok ? 4 : 0));
             }
         }
         cp_async_commit();
     };
-    load_step(0);
+    if (a.stages == 2) load_step(0);
 
-    float acc_dk[NO][4], acc_dv[NO][4];
+    float acc_dv[MT][NOH][4], acc_dk[MT][NOH][4]; /* the pair's 32 keys x this warp's half of the head dim */
 #pragma unroll
-    for (int n = 0; n < NO; n++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) acc_dk[n][e] = acc_dv[n][e] = 0.f;
-    const uint32_t sK_a = smem_addr(sK), sV_a = smem_addr(sV), sdS_a = smem_addr(sdS);
+        for (int n = 0; n < NOH; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc_dv[mt][n][e] = acc_dk[mt][n][e] = 0.f;
+    const uint32_t sK_a = smem_addr(sK), sV_a = smem_addr(sV), sPT_a = smem_addr(sPT), sdS_a = smem_addr(sdS);
     const int qg = warp % QG, dpart = warp / QG; /* this warp's share of dQ_i */
     const int l7 = lane & 7, mi = lane >> 3;
-    int a_off[4], b_off[4], t_off[4], k_off[NDQ / 2];
-    lane_offsets<P>(a_off, warp * 16 + (lane & 15), lane >> 4);  /* K_j, V_j rows of this warp (A) */
-    lane_offsets<P>(b_off, l7 + (mi >> 1) * 8, mi & 1);           /* Q_i, dO_i as B^T */
-    lane_offsets<P>(t_off, l7 + (mi & 1) * 8, mi >> 1);           /* Q_i, dO_i as B (transposed loads) */
+    int a_off[4], b_off[4], pa_off[4], t_off[NOH / 2], k_off[NDQ / 2];
+    lane_offsets<P>(a_off, pair * 32 + (lane & 15), lane >> 4);     /* K_j, V_j rows of the pair (A) */
+    lane_offsets<P>(b_off, half * 32 + l7 + (mi >> 1) * 8, mi & 1); /* this warp's half of Q_i, dO_i as B^T */
+    lane_offsets<PS>(pa_off, pair * 32 + (lane & 15), lane >> 4);   /* P^T, dS^T rows of the pair (A) */
 #pragma unroll
-    for (int np = 0; np < NDQ / 2; np++) {                        /* K_j as B of dQ: this warp's columns */
-        const int row = l7 + (mi & 1) * 8, chunk = dpart * NDQ + 2 * np + (mi >> 1);
-        k_off[np] = row * P + 64 * (chunk >> 3) + 8 * ((chunk & 7) ^ l7);
-    }
+    for (int np = 0; np < NOH / 2; np++) /* Q_i, dO_i as B (transposed loads): this warp's half of the head dim */
+        t_off[np] = chunk_off<P>(l7 + (mi & 1) * 8, half * NOH + 2 * np + (mi >> 1));
+#pragma unroll
+    for (int np = 0; np < NDQ / 2; np++) /* K_j as B of dQ: this warp's columns */
+        k_off[np] = chunk_off<P>(l7 + (mi & 1) * 8, dpart * NDQ + 2 * np + (mi >> 1));
     /* dS^T as A of dQ (transposed loads): keys l7 + 8 (mi >> 1), query chunk 2 qg + (mi & 1) */
-    const int ds_off = (l7 + (mi >> 1) * 8) * PS + 8 * ((2 * qg + (mi & 1)) ^ l7);
+    const int ds_off = chunk_off<PS>(l7 + (mi >> 1) * 8, 2 * qg + (mi & 1));
 
     for (int it = 0; it < n_iter; it++) {
-        const int hi = it / n_qb, h = hkv * p.kv_group + hi, q0 = q_begin + it % n_qb * BR, buf = it & 1;
-        cp_async_wait<0>();
-        __syncthreads(); /* step it has landed; every warp is done with step it - 1 (its buffers, dS^T, T5 table) */
-        load_step(it + 1);
+        const int hi = it / n_qb, h = hkv * p.kv_group + hi, q0 = q_begin + it % n_qb * BR;
+        const int buf = a.stages == 2 ? it & 1 : 0;
+        if (a.stages == 2) {
+            cp_async_wait<0>();
+            __syncthreads(); /* step it has landed; every warp is done with step it - 1 (its buffers, P^T, dS^T, T5) */
+            load_step(it + 1);
+        } else {
+            __syncthreads(); /* every warp is done with step it - 1 */
+            load_step(it);
+            cp_async_wait<0>();
+            __syncthreads();
+        }
         if (FEAT && p.t5_table && it % n_qb == 0) { /* this head's T5 bias by clamped relative position, log2 units */
             for (int i = tid; i < a.t5_n; i += THREADS) {
                 const int bucket = fs_t5_bucket(i - a.t5_lneg, p.t5_buckets, p.t5_max_distance, p.t5_bidirectional);
@@ -275,73 +319,76 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
             __syncthreads();
         }
         const uint32_t sQ_a = smem_addr(sQ + buf * BR * P), sdO_a = smem_addr(sdO + buf * BR * P);
-        const float *L = sL + buf * BR, *Dl = sD + buf * BR;
+        const float *L = sL + (it & 1) * BR + half * 32, *Dl = sD + (it & 1) * BR + half * 32;
+        const int qh = q0 + half * 32; /* this warp's first query */
 
-        /* S^T = K_j Q_i^T */
-        float s[NQ][4];
+        /* S^T = K_j Q_i^T and dP^T = V_j dO_i^T for the pair's keys x this warp's queries */
+        float s[MT][NH][4], dp[MT][NH][4];
 #pragma unroll
-        for (int n = 0; n < NQ; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-        mma_abt<KD, NQ, P, T>(s, sK_a, a_off, sQ_a, b_off);
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int n = 0; n < NH; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[mt][n][e] = dp[mt][n][e] = 0.f;
+        mma_abt<MT, KD, NH, P, P, T>(s, sK_a, a_off, sQ_a, b_off);
+        mma_abt<MT, KD, NH, P, P, T>(dp, sV_a, a_off, sdO_a, b_off);
 
-        /* P^T = exp2(S^T c [+ bias + T5] - L log2 e); masked: causal (query < key), padded keys */
-        const bool diag = p.causal && q0 < k0 + warp * 16 + 15;
+        /* P^T = exp2(S^T c [+ bias + T5] - L log2 e), masked: causal (query < key), padded keys;
+         * dS^T = P^T o (dP^T - D_i). Both packed to T: the own half of the next products' A fragments. */
+        const bool diag = p.causal && qh < k0 + pair * 32 + 31;
+        uint32_t pa[MT][NH / 2][4], da[MT][NH / 2][4];
 #pragma unroll
-        for (int n = 0; n < NQ; n++)
+        for (int n = 0; n < NH; n++)
 #pragma unroll
             for (int c = 0; c < 2; c++) {
-                const int col = n * 8 + 2 * t4 + c;
-                const float lse = L[col], lse2 = lse == -INFINITY ? INFINITY : lse * FS_LOG2E;
+                const int col = n * 8 + 2 * t4 + c, query = qh + col;
+                const float lse = L[col], lse2 = lse == -INFINITY ? INFINITY : lse * FS_LOG2E, di = Dl[col];
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float x = s[n][2 * r + c] * a.scale_log2;
-                    const int key = key0 + 8 * r, query = q0 + col;
-                    if (FEAT && p.t5_table)
-                        x += s_t5[min(max(key - query, -a.t5_lneg), a.t5_n - 1 - a.t5_lneg) + a.t5_lneg];
-                    if (FEAT && p.bias && key < seq.k_len && query < seq.q_len)
-                        x += load_float(p.bias, b * p.bias_sb + h * p.bias_sh + (int64_t)query * p.bias_sq +
-                                        (int64_t)key * p.bias_sk, p.bias_dtype) * FS_LOG2E;
-                    const bool masked = (diag && query < key) || (FEAT && p.kpm && !kept[r]);
-                    s[n][2 * r + c] = masked ? 0.f : exp2_approx(x - lse2);
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        const int key = key0 + 16 * mt + 8 * r;
+                        float v = s[mt][n][2 * r + c] * a.scale_log2;
+                        if (FEAT && p.t5_table)
+                            v += s_t5[min(max(key - query, -a.t5_lneg), a.t5_n - 1 - a.t5_lneg) + a.t5_lneg];
+                        if (FEAT && p.bias && key < seq.k_len && query < seq.q_len)
+                            v += load_float(p.bias, b * p.bias_sb + h * p.bias_sh + (int64_t)query * p.bias_sq +
+                                            (int64_t)key * p.bias_sk, p.bias_dtype) * FS_LOG2E;
+                        const bool masked = (diag && query < key) || !kept[mt][r];
+                        const float pv = masked ? 0.f : exp2_approx(v - lse2);
+                        s[mt][n][2 * r + c] = pv;
+                        dp[mt][n][2 * r + c] = pv * (dp[mt][n][2 * r + c] - di);
+                    }
+            }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int kk = 0; kk < NH / 2; kk++) {
+                pack_a<T>(s[mt][2 * kk], s[mt][2 * kk + 1], pa[mt][kk]);
+                pack_a<T>(dp[mt][2 * kk], dp[mt][2 * kk + 1], da[mt][kk]);
+            }
+        /* to shared memory for the pair's other warp (P^T, dS^T) and for dQ (dS^T): e = (row half e & 1, n8 tile e / 2) */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int kk = 0; kk < NH / 2; kk++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int off = swz<PS>(row0 + 16 * mt + 8 * (e & 1), half * 32 + (2 * kk + (e >> 1)) * 8 + 2 * t4);
+                    *reinterpret_cast<uint32_t *>(sPT + off) = pa[mt][kk][e];
+                    *reinterpret_cast<uint32_t *>(sdS + off) = da[mt][kk][e];
                 }
-            }
+        __syncthreads(); /* P^T and dS^T complete */
 
-        /* dV_j += P^T dO_i */
-        {
-            uint32_t pa[NQ / 2][4];
-            pack_a<NQ, T>(s, pa);
-            mma_reg_b<NQ / 2, NO, P, T>(acc_dv, pa, sdO_a, t_off);
-        }
-        /* dP^T = V_j dO_i^T;  dS^T = P^T o (dP^T - D_i) */
-        float dp[NQ][4];
-#pragma unroll
-        for (int n = 0; n < NQ; n++) dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
-        mma_abt<KD, NQ, P, T>(dp, sV_a, a_off, sdO_a, b_off);
-#pragma unroll
-        for (int n = 0; n < NQ; n++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const float di = Dl[n * 8 + 2 * t4 + c];
-                dp[n][c] = s[n][c] * (dp[n][c] - di);
-                dp[n][2 + c] = s[n][2 + c] * (dp[n][2 + c] - di);
-            }
-        /* dK_j += dS^T Q_i; dS^T to shared memory for dQ */
-        {
-            uint32_t da[NQ / 2][4];
-            pack_a<NQ, T>(dp, da);
-            mma_reg_b<NQ / 2, NO, P, T>(acc_dk, da, sQ_a, t_off);
-#pragma unroll
-            for (int kk = 0; kk < NQ / 2; kk++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) /* e: (row half e & 1, n8 tile 2 kk + e / 2) */
-                    *reinterpret_cast<uint32_t *>(sdS + swz<PS>(warp * 16 + gr + 8 * (e & 1), (2 * kk + (e >> 1)) * 8 + 2 * t4)) = da[kk][e];
-        }
-        __syncthreads(); /* dS^T complete */
+        /* dV_j += P^T dO_i and dK_j += dS^T Q_i: the pair's keys x this warp's half of the head dim, all Br queries */
+        mma_half_b<MT, BR / 16, NOH, PS, P, T>(acc_dv, pa, half, sPT_a, pa_off, sdO_a, t_off);
+        mma_half_b<MT, BR / 16, NOH, PS, P, T>(acc_dk, da, half, sdS_a, pa_off, sQ_a, t_off);
 
         /* dQ_i += dS K_j: this warp's 16 query rows x NDQ n8 tiles, A = dS from dS^T (transposed loads) */
         {
-            float acc[NDQ][4];
+            float dq[NDQ][4];
 #pragma unroll
-            for (int n = 0; n < NDQ; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+            for (int n = 0; n < NDQ; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
 #pragma unroll
             for (int kk = 0; kk < BC / 16; kk++) {
                 uint32_t af[4];
@@ -350,8 +397,8 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
                 for (int np = 0; np < NDQ / 2; np++) {
                     uint32_t bf[4];
                     ldmatrix_x4_trans(sK_a + 2 * (k_off[np] + kk * 16 * P), bf);
-                    mma16816<T>(acc[2 * np], af, bf[0], bf[1]);
-                    mma16816<T>(acc[2 * np + 1], af, bf[2], bf[3]);
+                    mma16816<T>(dq[2 * np], af, bf[0], bf[1]);
+                    mma16816<T>(dq[2 * np + 1], af, bf[2], bf[3]);
                 }
             }
 #pragma unroll
@@ -360,7 +407,7 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
                 if (i < seq.q_len) {
                     float *dst = a.dq_acc + fs_bwd_row(p, b, h, seq.qo, i) * D + dpart * NDQ * 8 + 2 * t4;
 #pragma unroll
-                    for (int n = 0; n < NDQ; n++) atomic_add2(dst + n * 8, acc[n][2 * r], acc[n][2 * r + 1]);
+                    for (int n = 0; n < NDQ; n++) atomic_add2(dst + n * 8, dq[n][2 * r], dq[n][2 * r + 1]);
                 }
             }
         }
@@ -368,31 +415,49 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
     cp_async_wait<0>();
 
     /* epilogue: dK scaled (and rotated back), dV; staged through the K and V tiles for 16-byte stores. Rows of a
-     * padded batch past the sequence's length are zeros. */
-    __syncthreads(); /* every warp is done reading K_j and V_j */
+     * padded batch past the sequence's length are zeros. Rotation pairs column c with c + D/2: the other warp's half,
+     * so dK goes through shared memory in float32 first (over the P^T, dS^T and Q tiles, idle now). */
+    __syncthreads(); /* every warp is done reading K_j, V_j, P^T, dS^T */
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = warp * 16 + gr + 8 * r;
-        const bool in = row < k_valid;
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int n = 0; n < NO; n++) {
-            acc_dk[n][2 * r] *= a.scale;
-            acc_dk[n][2 * r + 1] *= a.scale;
+        for (int r = 0; r < 2; r++) {
+            const int row = row0 + 16 * mt + 8 * r;
+#pragma unroll
+            for (int n = 0; n < NOH; n++) {
+                const int col = (half * NOH + n) * 8 + 2 * t4;
+                *reinterpret_cast<uint32_t *>(sV + swz<P>(row, col)) =
+                    row < k_valid ? pack2<T>(acc_dv[mt][n][2 * r], acc_dv[mt][n][2 * r + 1]) : 0u;
+                if (!(FEAT && a.rotary))
+                    *reinterpret_cast<uint32_t *>(sK + swz<P>(row, col)) =
+                        row < k_valid ? pack2<T>(acc_dk[mt][n][2 * r] * a.scale, acc_dk[mt][n][2 * r + 1] * a.scale) : 0u;
+            }
         }
-        if (FEAT && a.rotary) {
+    if (FEAT && a.rotary) { /* dK in float32 rows of D + 4 (against bank conflicts) from P^T on, 64 rows (two pairs) a pass */
+        float *fk = reinterpret_cast<float *>(smem + sm::PT);
+        static_assert((size_t)64 * (D + 4) * 4 <= (size_t)sm::Q - sm::PT + 2 * sm::STAGE, "dK staging fits");
+        for (int pass = 0; pass < BC / 64; pass++) {
+            if (row0 / 64 == pass)
 #pragma unroll
-            for (int n = 0; n < NO / 2; n++)
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int c = 0; c < 2; c++)
-                    unrotate_pair(acc_dk[n][2 * r + c], acc_dk[n + NO / 2][2 * r + c], (float)(k0 + row),
-                                  rotary_inv_freq(n * 8 + 2 * t4 + c, D, a.rotary_base));
-        }
+                    for (int r = 0; r < 2; r++)
 #pragma unroll
-        for (int n = 0; n < NO; n++) {
-            *reinterpret_cast<uint32_t *>(sK + swz<P>(row, n * 8 + 2 * t4)) =
-                in ? pack2<T>(acc_dk[n][2 * r], acc_dk[n][2 * r + 1]) : 0u;
-            *reinterpret_cast<uint32_t *>(sV + swz<P>(row, n * 8 + 2 * t4)) =
-                in ? pack2<T>(acc_dv[n][2 * r], acc_dv[n][2 * r + 1]) : 0u;
+                        for (int n = 0; n < NOH; n++) {
+                            float *dst = fk + (row0 % 64 + 16 * mt + 8 * r) * (D + 4) + (half * NOH + n) * 8 + 2 * t4;
+                            dst[0] = acc_dk[mt][n][2 * r] * a.scale;
+                            dst[1] = acc_dk[mt][n][2 * r + 1] * a.scale;
+                        }
+            __syncthreads();
+            for (int i = tid; i < 64 * (D / 2); i += THREADS) { /* one rotation pair per item */
+                const int rr = i / (D / 2), c = i % (D / 2), row = pass * 64 + rr;
+                float lo = fk[rr * (D + 4) + c], hi = fk[rr * (D + 4) + c + D / 2];
+                unrotate_pair(lo, hi, (float)(k0 + row), rotary_inv_freq(c, D, a.rotary_base));
+                const bool in = row < k_valid;
+                sK[swz<P>(row, c)] = in ? T(lo) : T(0.f);
+                sK[swz<P>(row, c + D / 2)] = in ? T(hi) : T(0.f);
+            }
+            __syncthreads();
         }
     }
     __syncthreads();

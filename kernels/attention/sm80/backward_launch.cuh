@@ -26,12 +26,18 @@ static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w,
     a.rotary_base = w->rotary_base;
     a.t5_n = a.t5_lneg = 0;
     if (p->t5_table) fs_t5_span(p, &a.t5_lneg, &a.t5_n); /* t5_n <= FS_CUDA_T5_MAX, checked by the host */
-    const int smem = fs_bwd_smem<D, T>::BYTES + 4 * a.t5_n;
     const long long blocks = (long long)a.n_kblocks * fs_kv_heads(p) * p->B;
     if (blocks == 0) return cudaSuccess;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-    cudaError_t err = fs_kernel_prepare((const void *)attention_bwd_sm80<D, T, FEAT>, &handle,
-                                        fs_bwd_smem<D, T>::BYTES + 4 * FS_CUDA_T5_MAX, device);
+    /* double-buffered Q_i and dO_i where the device's shared memory allows, else single */
+    int optin = 0;
+    cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != cudaSuccess) return err;
+    a.stages = fs_bwd_smem<D, T>::bytes(2, a.t5_n) <= optin ? 2 : 1;
+    const int smem = fs_bwd_smem<D, T>::bytes(a.stages, a.t5_n);
+    if (smem > optin) return cudaErrorNotSupported;
+    err = fs_kernel_prepare((const void *)attention_bwd_sm80<D, T, FEAT>, &handle,
+                            fs_bwd_smem<D, T>::bytes(2, FS_CUDA_T5_MAX), device);
     void *args[] = {&a};
     return err != cudaSuccess ? err : fs_launch(&handle, device, (unsigned)blocks, tile::THREADS, smem, stream, args);
 }
