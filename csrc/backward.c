@@ -144,16 +144,13 @@ static PyObject *result_tuple(PyObject *dq, PyObject *dk, PyObject *dv, PyObject
     return r;
 }
 
-/* What the CUDA backward does not cover yet: head dims other than 32, 64, 96, 128; dbias, dtable; deterministic. */
+/* What the CUDA backward does not cover yet: dbias, dtable. */
 static int cuda_unsupported(const bwd_args *a, const fs_attn_params *p)
 {
-    if (p->D != 32 && p->D != 64 && p->D != 96 && p->D != 128) {
-        PyErr_Format(PyExc_ValueError, "CUDA attention backward supports head dims 32, 64, 96 and 128, got %d", p->D);
-        return -1;
-    }
-    if (a->bias_grad || a->t5_grad || a->deterministic) {
+    (void)p;
+    if (a->bias_grad || a->t5_grad) {
         PyErr_Format(PyExc_NotImplementedError, "CUDA attention backward: %s is not implemented on CUDA in this version "
-                     "(the CPU backward has it)", a->bias_grad ? "bias_grad" : a->t5_grad ? "t5_grad" : "deterministic=True");
+                     "(the CPU backward has it)", a->bias_grad ? "bias_grad" : "t5_grad");
         return -1;
     }
     return 0;

@@ -361,8 +361,9 @@ int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout)
             PyErr_Format(PyExc_TypeError, "CUDA attention supports float16 and bfloat16, got %s", fs_dtype_name(t[0]->dtype));
             return -1;
         }
-        if (D != 32 && D != 64 && D != 96 && D != 128 && D != 256) {
-            PyErr_Format(PyExc_ValueError, "CUDA attention supports head dims 32, 64, 96, 128 and 256, got %lld", (long long)D);
+        if (D % 8 || D > 256) {
+            PyErr_Format(PyExc_ValueError, "CUDA attention supports head dims that are multiples of 8 up to 256, got %lld",
+                         (long long)D);
             return -1;
         }
     } else if (D > FS_CPU_MAX_D) {

@@ -6,6 +6,7 @@
 #ifdef FLASHSCI_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include "attention/head_copy.h"
 #include "attention/launchers.h"
 #include "gemm/launchers.h"
 
@@ -140,8 +141,24 @@ static int launch_begin(int device, const char *what, fs_gpu_props *props, int *
     return fs_gpu_device_enter(device, prev);
 }
 
+/* What a forward launch needs besides the problem (run_attention's context). */
+typedef struct {
+    int device, sm_count, major, hopper;
+    cudaStream_t stream;
+    fs_sm80_plan *plan;
+} launch_ctx;
+
+/* The forward of p on the kernel chosen in ctx (p's head dim one a kernel is built for). */
+static cudaError_t run_attention(const fs_attn_params *p, void *ctx)
+{
+    const launch_ctx *c = (const launch_ctx *)ctx;
+    return c->hopper ? fs_attention_sm90(p, c->device, c->sm_count, c->stream, c->plan)
+                     : fs_attention_sm80(p, c->device, c->sm_count, c->major, c->stream, c->plan);
+}
+
 /* Launch attention on device, or with plan non-NULL describe the launch as a dict in *plan. Hopper devices take the
- * sm_90a kernel for the problems it covers (and tests have not forced the portable one). */
+ * sm_90a kernel for the problems it covers (and tests have not forced the portable one). A head dim without a kernel
+ * of its own runs at the next one through zero-padded copies (fs_attention_forward_padded). */
 static int attention_launch(const fs_attn_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice,
                             PyObject **plan)
 {
@@ -149,19 +166,24 @@ static int attention_launch(const fs_attn_params *p, int device, uintptr_t strea
     int prev;
     if (launch_begin(device, "attention", &props, &prev) < 0) return -1;
     fs_sm80_plan pl;
-    const int hopper = props.major == 9 && !choice->attention_sm80 && fs_attention_sm90_covers(p, props.sm_count);
-    cudaError_t err = hopper ? fs_attention_sm90(p, device, props.sm_count, (cudaStream_t)stream, plan ? &pl : NULL)
-                             : fs_attention_sm80(p, device, props.sm_count, props.major, (cudaStream_t)stream, plan ? &pl : NULL);
+    fs_attn_params run = *p; /* the problem the kernels see: the padded head dim, rotary done by the copies */
+    run.D = fs_attention_run_dim(p->D);
+    if (run.D != p->D) run.rotary = 0;
+    const int hopper = props.major == 9 && !choice->attention_sm80 && fs_attention_sm90_covers(&run, props.sm_count);
+    launch_ctx ctx = {device, props.sm_count, props.major, hopper, (cudaStream_t)stream, plan ? &pl : NULL};
+    cudaError_t err = plan || run.D == p->D ? run_attention(plan ? &run : p, &ctx)
+                                            : fs_attention_forward_padded(p, device, (cudaStream_t)stream, run_attention, &ctx);
     fs_gpu_device_leave(prev, device);
     if (err != cudaSuccess) return cuda_fail(err, plan ? "attention launch plan" : "attention kernel launch");
     if (plan) {
         const double waves = pl.blocks_per_sm ? (double)pl.blocks / ((double)pl.blocks_per_sm * props.sm_count) : 0.0;
         static const char *rotary[] = {"none", "kernel", "prepass"};
-        *plan = Py_BuildValue("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:i,s:d,s:s}", "kernel", hopper ? "sm90" : "sm80",
+        *plan = Py_BuildValue("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:i,s:d,s:s,s:i}", "kernel", hopper ? "sm90" : "sm80",
                               "variant", pl.small ? "small" : "big", "kv_groups", pl.kv_groups,
                               "Br", pl.br, "Bc", pl.bc, "threads", pl.threads, "smem", pl.smem, "q_tiles", pl.n_qtiles,
                               "kv_splits", pl.n_splits, "cluster", pl.cluster, "blocks", pl.blocks, "blocks_per_sm", pl.blocks_per_sm,
-                              "sm_count", props.sm_count, "waves", waves, "rotary", rotary[pl.rotary]);
+                              "sm_count", props.sm_count, "waves", waves,
+                              "rotary", run.D != p->D && p->rotary ? "copy" : rotary[pl.rotary], "head_dim_run", run.D);
         if (!*plan) return -1;
     }
     return 0;

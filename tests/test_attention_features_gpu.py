@@ -2,7 +2,6 @@
 rotary and attention_varlen. Each result must be within 2x the error of torch's own low-precision
 computation of the same thing (SDPA with the mask / bias materialised, HF-style rotary in the input dtype)
 against a float64 reference; outputs are NaN-poisoned first; rows without a kept key must be zeros."""
-import math
 import random
 
 import numpy as np
@@ -442,7 +441,6 @@ def test_fuzzed_options(seed):
         kw["bias"] = bias
         add = bias if add is None else add + bias
     sc = d ** -0.5
-    qr, kr = q, k
     if rng.random() < 0.4:
         kw["rotary"] = True
         ref, _ = ref64(esm_rotary(q.double() * sc), esm_rotary(k.double()), v, 1.0, keep, add)
@@ -598,3 +596,38 @@ def rotary_cases(d, causal, dtype):
     g.replay()
     ref, theirs = varlen_reference(q, k, v, cu, cu, causal, 1.0, t5=(table, 32, 128, True), rotary=True)
     assert_close(out, ref, theirs, "varlen + rotary + t5, graph replay")
+
+
+@pytest.mark.parametrize("d", [8, 16, 24, 40, 48, 80, 104, 136, 200, 248])
+def test_head_dims_without_own_kernel(d):
+    """Head dims that run at the next native one through zero-padded copies: plain, causal with a key padding mask,
+    rotary (over the true head dim), grouped K/V with T5, packed sequences; against torch like the native ones."""
+    dtype = torch.bfloat16 if d % 16 else torch.float16
+    b, h, s = 2, 4, 300
+    q, k, v = (rand(b, h, s, d, dtype=dtype) for _ in range(3))
+    sc = d ** -0.5
+    out = poisoned(q)
+    flashsci.attention(q, k, v, out=out)
+    assert_close(out, ref64(q, k, v, sc)[0], torch_lowp(q, k, v, sc), f"d={d}")
+    kpm = torch.rand(b, s, device="cuda") < 0.7
+    keep = causal_keep(s, s) & kpm[:, None, None, :]
+    out = poisoned(q)
+    flashsci.attention(q, k, v, causal=True, key_padding_mask=kpm, out=out)
+    assert_close(out, ref64(q, k, v, sc, keep)[0], torch_lowp(q, k, v, sc, keep), f"d={d} causal kpm")
+    out = poisoned(q)
+    flashsci.attention(q, k, v, rotary=True, out=out)
+    ref = ref64(esm_rotary(q.double() * sc), esm_rotary(k.double()), v, 1.0)[0]
+    assert_close(out, ref, torch_lowp(esm_rotary(q * sc), esm_rotary(k), v, 1.0), f"d={d} rotary")
+    table = torch.randn(h, 32, device="cuda")
+    kg, vg = k[:, :2], v[:, :2]
+    out = poisoned(q)
+    flashsci.attention(q, kg, vg, t5_bias=(table, 32, 128, True), out=out)
+    add = t5_dense(table, s, s, 32, 128, True)
+    kr, vr = kg.repeat_interleave(2, 1), vg.repeat_interleave(2, 1)
+    assert_close(out, ref64(q, kr, vr, sc, None, add)[0], torch_lowp(q, kr, vr, sc, None, add), f"d={d} gqa t5")
+    lengths = [1, 80, 0, 219]
+    cu, (pq, pk, pv) = pack(lengths, h, d, dtype)
+    out = poisoned(pq)
+    flashsci.attention_varlen(pq, pk, pv, cu, cu, max(lengths), max(lengths), causal=True, rotary=True, out=out)
+    ref, theirs = varlen_reference(pq, pk, pv, cu, cu, True, sc, rotary=True)
+    assert_close(out, ref, theirs, f"d={d} varlen rotary")

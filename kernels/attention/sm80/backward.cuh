@@ -10,10 +10,10 @@
  *   dP^T = V_j dO_i^T              dS^T = P^T o (dP^T - D_i)  (the scaled scores' gradient)
  *   dV_j += P^T dO_i               dK_j += dS^T Q_i  (scaled by `scale` in the epilogue)
  *   dQ_i += dS K_j                 (float32 atomics into the accumulator)
- * Warps work in pairs on 32 keys (two m16 tiles, Bc = 16 * WARPS). Each warp of a pair computes S^T, P^T, dP^T, dS^T
- * for its half of the Br queries and writes P^T and dS^T to shared memory; after the barrier each accumulates dV and
- * dK for the pair's 32 keys and its half of the head dim over all Br queries: the A fragments of its own half of the
- * queries come straight from its registers, the other half from shared memory. Then all warps take a share of dQ_i
+ * Warps work in groups of G on 32 keys (two m16 tiles; G = 2, 4 at D = 256). Each warp of a group computes S^T, P^T,
+ * dP^T, dS^T for its 1/G of the Br queries and writes P^T and dS^T to shared memory; after the barrier each
+ * accumulates dV and dK for the group's 32 keys and its 1/G of the head dim over all Br queries: the A fragments of its
+ * own queries come straight from its registers, the others' from shared memory. Then all warps take a share of dQ_i
  * from dS^T. Against one warp per 16 keys over all queries (the first version), the tiles are twice as tall, so each
  * Q_i / dO_i fragment loaded from shared memory feeds twice the MMAs (shared-memory bandwidth bounds this kernel).
  * Q_i, dO_i, L_i, D_i are double-buffered with cp.async where shared memory allows (a runtime choice: single-buffered
@@ -33,16 +33,18 @@
 #include "attention/sequence.cuh"
 #include "common/cuda_ptx.cuh"
 
-/* ---- tile configuration, one place: warps (pairs of 32 keys: Bc = 16 * WARPS) and Br query rows per step ---- */
-template <int W, int R> struct fs_bwd_cfg {
-    enum { WARPS = W, BR = R, BC = 16 * W, THREADS = 32 * W, MT = 2 /* m16 key tiles per warp */ };
+/* ---- tile configuration, one place: warps, Br query rows per step, and G warps per group of 32 keys (each taking
+ * 1/G of the queries for S and dP, 1/G of the head dim for dV and dK: Bc = 32 WARPS / G) ---- */
+template <int W, int R, int G_> struct fs_bwd_cfg {
+    enum { WARPS = W, BR = R, G = G_, BC = 32 * W / G_, THREADS = 32 * W, MT = 2 /* m16 key tiles per warp */ };
 };
 template <int D> struct fs_bwd_tile;
-/*                                     WARPS BR */
-template <> struct fs_bwd_tile<32>  : fs_bwd_cfg<8, 64> {};
-template <> struct fs_bwd_tile<64>  : fs_bwd_cfg<8, 64> {};
-template <> struct fs_bwd_tile<96>  : fs_bwd_cfg<8, 64> {};
-template <> struct fs_bwd_tile<128> : fs_bwd_cfg<8, 64> {};
+/*                                     WARPS BR  G */
+template <> struct fs_bwd_tile<32>  : fs_bwd_cfg<8, 64, 2> {};
+template <> struct fs_bwd_tile<64>  : fs_bwd_cfg<8, 64, 2> {};
+template <> struct fs_bwd_tile<96>  : fs_bwd_cfg<8, 64, 2> {};
+template <> struct fs_bwd_tile<128> : fs_bwd_cfg<8, 64, 2> {};
+template <> struct fs_bwd_tile<256> : fs_bwd_cfg<8, 64, 4> {}; /* dV + dK of 32 keys x D/2 would take 256 registers */
 
 /* Shared-memory row pitch in elements: a multiple of 64 so the 16-byte-chunk XOR swizzle stays in-row. */
 template <int D> struct fs_bwd_pitch { enum { VALUE = D < 64 ? 64 : (D + 63) / 64 * 64 }; };
@@ -70,9 +72,11 @@ typedef struct {
     const float *delta;    /* [rows] */
     int n_kblocks;
     int rotary;            /* dK is rotated back in the epilogue (the forward rotated k by rotary_base) */
+    int rotary_dim;        /* ... over columns 0 .. rotary_dim - 1: the problem's own head dim (D, or less in padded runs) */
     float rotary_base;
     int t5_n, t5_lneg;     /* T5 bias (log2 units) of rel = -t5_lneg .. t5_n - 1 - t5_lneg in shared memory */
     int stages;            /* buffers of Q_i and dO_i: 2 (the next step's copies overlap this one) or 1 */
+    int dq_kernel;         /* dQ by the query-block kernel (deterministic) instead of atomics here */
 } fs_bwd_args;
 
 /* Row of (b, h, i) in the float32 workspaces (Delta, dQ's accumulator): (B, H, Sq) padded, (H, total_q) packed. */
@@ -142,23 +146,23 @@ template <typename T> FS_DEV_T void pack_a(const float (&x0)[4], const float (&x
     a[3] = pack2<T>(x1[2], x1[3]);
 }
 
-/* acc[16 MT x 8N] += A[16 MT x 16 KS] B for the dV / dK shape: A = this pair's P^T or dS^T (keys x queries), the k16
- * steps of this warp's own half of the queries from its registers (mine: [mt][KS / 2][4], steps half * KS / 2 ..),
- * the others from the swizzled tile sA (a_off: lane offsets of the pair's rows); B from the swizzled rows 0.. of a
+/* acc[16 MT x 8N] += A[16 MT x 16 KS] B for the dV / dK shape: A = this group's P^T or dS^T (keys x queries), the
+ * k16 steps of this warp's own part of the queries from its registers (mine: [mt][KS / G][4], steps part * KS / G ..),
+ * the others from the swizzled tile sA (a_off: lane offsets of the group's rows); B from the swizzled rows 0.. of a
  * (queries x head dim) tile, transposed loads, one lane offset per x4 load of this warp's columns (t_off). */
-template <int MT, int KS, int N, int PA, int PB, typename T>
-FS_DEV_T void mma_half_b(float (&acc)[MT][N][4], const uint32_t (&mine)[MT][KS / 2][4], int half, uint32_t sA,
+template <int MT, int KS, int G, int N, int PA, int PB, typename T>
+FS_DEV_T void mma_part_b(float (&acc)[MT][N][4], const uint32_t (&mine)[MT][KS / G][4], int part, uint32_t sA,
                          const int (&a_off)[4], uint32_t sB, const int (&t_off)[N / 2])
 {
 #pragma unroll
     for (int kk = 0; kk < KS; kk++) {
         uint32_t af[MT][4];
-        const bool own = (kk < KS / 2) == (half == 0);
+        const bool own = kk / (KS / G) == part;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             if (own) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) af[mt][e] = mine[mt][kk % (KS / 2)][e];
+                for (int e = 0; e < 4; e++) af[mt][e] = mine[mt][kk % (KS / G)][e];
             } else {
                 ldmatrix_x4(sA + 2 * (a_off[kk & 3] + 64 * (kk >> 2) + mt * 16 * PA), af[mt]);
             }
@@ -198,16 +202,41 @@ FS_DEV void unrotate_pair(float &lo, float &hi, float pos, float inv_freq)
     hi = y * c - x * s;
 }
 
+/* P of one score s (raw, unscaled): exp2(s c [+ T5(key - query)] [+ bias] - lse2), lse2 = L log2 e (+inf for a row with
+ * no key); 0 where masked. */
+template <bool FEAT>
+FS_DEV_T float bwd_prob(const fs_bwd_args &a, const fs_seq &seq, const float *s_t5, int b, int h, int query, int key,
+                        float s, float lse2, bool masked)
+{
+    const fs_attn_params &p = a.g.p;
+    float v = s * a.scale_log2;
+    if (FEAT && p.t5_table) v += s_t5[min(max(key - query, -a.t5_lneg), a.t5_n - 1 - a.t5_lneg) + a.t5_lneg];
+    if (FEAT && p.bias && key < seq.k_len && query < seq.q_len)
+        v += load_float(p.bias, b * p.bias_sb + h * p.bias_sh + (int64_t)query * p.bias_sq + (int64_t)key * p.bias_sk,
+                        p.bias_dtype) * FS_LOG2E;
+    return masked ? 0.f : exp2_approx(v - lse2);
+}
+
+/* The T5 bias of head h by clamped relative position, log2 units, into s_t5 (all threads of the block). */
+FS_DEV void bwd_t5_table(const fs_bwd_args &a, float *s_t5, int h, int tid, int threads)
+{
+    const fs_attn_params &p = a.g.p;
+    for (int i = tid; i < a.t5_n; i += threads) {
+        const int bucket = fs_t5_bucket(i - a.t5_lneg, p.t5_buckets, p.t5_max_distance, p.t5_bidirectional);
+        s_t5[i] = load_float(p.t5_table, h * p.t5_sh + bucket * p.t5_sn, p.t5_dtype) * FS_LOG2E;
+    }
+}
+
 template <int D, typename T, bool FEAT>
 __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(const fs_bwd_args a)
 {
     using tile = fs_bwd_tile<D>;
     using sm = fs_bwd_smem<D, T>;
-    constexpr int WARPS = tile::WARPS, BR = tile::BR, BC = tile::BC, THREADS = tile::THREADS, MT = tile::MT;
+    constexpr int WARPS = tile::WARPS, BR = tile::BR, BC = tile::BC, THREADS = tile::THREADS, MT = tile::MT, G = tile::G;
     constexpr int P = sm::P, PS = sm::PS, KD = D / 16, NQ = BR / 8, NO = D / 8;
-    constexpr int NH = NQ / 2, NOH = NO / 2;                            /* n8 tiles of a warp's half: queries, head dim */
+    constexpr int NH = NQ / G, NOH = NO / G;                            /* n8 tiles of a warp's part: queries, head dim */
     constexpr int QG = BR / 16, DPARTS = WARPS / QG, NDQ = NO / DPARTS; /* dQ: warps as QG row groups x DPARTS column parts */
-    static_assert(WARPS % QG == 0 && NO % (2 * DPARTS) == 0 && NOH % 2 == 0 && NH % 2 == 0, "warp splits");
+    static_assert(WARPS % QG == 0 && NO % (2 * DPARTS) == 0 && NOH % 2 == 0 && NH % 2 == 0 && BC % 64 == 0, "warp splits");
     extern __shared__ __align__(128) unsigned char smem[];
     T *sK = reinterpret_cast<T *>(smem + sm::K), *sV = reinterpret_cast<T *>(smem + sm::V);
     T *sPT = reinterpret_cast<T *>(smem + sm::PT), *sdS = reinterpret_cast<T *>(smem + sm::DS);
@@ -218,7 +247,7 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
     const fs_attn_bwd_params &g = a.g;
     const fs_attn_params &p = g.p;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, t4 = lane & 3;
-    const int pair = warp >> 1, half = warp & 1; /* 32 keys per pair; each warp half of the queries, then of the head dim */
+    const int group = warp / G, part = warp % G; /* 32 keys per group; each warp 1/G of the queries, then of the head dim */
     const int hkv_count = p.H / p.kv_group;
     const int kt = blockIdx.x % a.n_kblocks, hkv = blockIdx.x / a.n_kblocks % hkv_count, b = blockIdx.x / a.n_kblocks / hkv_count;
     const int k0 = kt * BC;
@@ -235,7 +264,7 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
     cp_async_commit();
 
     /* this thread's key rows: row0 + 16 mt + 8 r of the block; kept by the key padding mask? */
-    const int row0 = pair * 32 + gr, key0 = k0 + row0;
+    const int row0 = group * 32 + gr, key0 = k0 + row0;
     bool kept[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -275,7 +304,7 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
     };
     if (a.stages == 2) load_step(0);
 
-    float acc_dv[MT][NOH][4], acc_dk[MT][NOH][4]; /* the pair's 32 keys x this warp's half of the head dim */
+    float acc_dv[MT][NOH][4], acc_dk[MT][NOH][4]; /* the group's 32 keys x this warp's part of the head dim */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -286,12 +315,12 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
     const int qg = warp % QG, dpart = warp / QG; /* this warp's share of dQ_i */
     const int l7 = lane & 7, mi = lane >> 3;
     int a_off[4], b_off[4], pa_off[4], t_off[NOH / 2], k_off[NDQ / 2];
-    lane_offsets<P>(a_off, pair * 32 + (lane & 15), lane >> 4);     /* K_j, V_j rows of the pair (A) */
-    lane_offsets<P>(b_off, half * 32 + l7 + (mi >> 1) * 8, mi & 1); /* this warp's half of Q_i, dO_i as B^T */
-    lane_offsets<PS>(pa_off, pair * 32 + (lane & 15), lane >> 4);   /* P^T, dS^T rows of the pair (A) */
+    lane_offsets<P>(a_off, group * 32 + (lane & 15), lane >> 4);          /* K_j, V_j rows of the group (A) */
+    lane_offsets<P>(b_off, part * (BR / G) + l7 + (mi >> 1) * 8, mi & 1); /* this warp's part of Q_i, dO_i as B^T */
+    lane_offsets<PS>(pa_off, group * 32 + (lane & 15), lane >> 4);        /* P^T, dS^T rows of the group (A) */
 #pragma unroll
-    for (int np = 0; np < NOH / 2; np++) /* Q_i, dO_i as B (transposed loads): this warp's half of the head dim */
-        t_off[np] = chunk_off<P>(l7 + (mi & 1) * 8, half * NOH + 2 * np + (mi >> 1));
+    for (int np = 0; np < NOH / 2; np++) /* Q_i, dO_i as B (transposed loads): this warp's part of the head dim */
+        t_off[np] = chunk_off<P>(l7 + (mi & 1) * 8, part * NOH + 2 * np + (mi >> 1));
 #pragma unroll
     for (int np = 0; np < NDQ / 2; np++) /* K_j as B of dQ: this warp's columns */
         k_off[np] = chunk_off<P>(l7 + (mi & 1) * 8, dpart * NDQ + 2 * np + (mi >> 1));
@@ -311,18 +340,15 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
             cp_async_wait<0>();
             __syncthreads();
         }
-        if (FEAT && p.t5_table && it % n_qb == 0) { /* this head's T5 bias by clamped relative position, log2 units */
-            for (int i = tid; i < a.t5_n; i += THREADS) {
-                const int bucket = fs_t5_bucket(i - a.t5_lneg, p.t5_buckets, p.t5_max_distance, p.t5_bidirectional);
-                s_t5[i] = load_float(p.t5_table, h * p.t5_sh + bucket * p.t5_sn, p.t5_dtype) * FS_LOG2E;
-            }
+        if (FEAT && p.t5_table && it % n_qb == 0) { /* this head's T5 bias */
+            bwd_t5_table(a, s_t5, h, tid, THREADS);
             __syncthreads();
         }
         const uint32_t sQ_a = smem_addr(sQ + buf * BR * P), sdO_a = smem_addr(sdO + buf * BR * P);
-        const float *L = sL + (it & 1) * BR + half * 32, *Dl = sD + (it & 1) * BR + half * 32;
-        const int qh = q0 + half * 32; /* this warp's first query */
+        const float *L = sL + (it & 1) * BR + part * (BR / G), *Dl = sD + (it & 1) * BR + part * (BR / G);
+        const int qh = q0 + part * (BR / G); /* this warp's first query */
 
-        /* S^T = K_j Q_i^T and dP^T = V_j dO_i^T for the pair's keys x this warp's queries */
+        /* S^T = K_j Q_i^T and dP^T = V_j dO_i^T for the group's keys x this warp's queries */
         float s[MT][NH][4], dp[MT][NH][4];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -335,7 +361,7 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
 
         /* P^T = exp2(S^T c [+ bias + T5] - L log2 e), masked: causal (query < key), padded keys;
          * dS^T = P^T o (dP^T - D_i). Both packed to T: the own half of the next products' A fragments. */
-        const bool diag = p.causal && qh < k0 + pair * 32 + 31;
+        const bool diag = p.causal && qh < k0 + group * 32 + 31;
         uint32_t pa[MT][NH / 2][4], da[MT][NH / 2][4];
 #pragma unroll
         for (int n = 0; n < NH; n++)
@@ -348,14 +374,8 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
 #pragma unroll
                     for (int r = 0; r < 2; r++) {
                         const int key = key0 + 16 * mt + 8 * r;
-                        float v = s[mt][n][2 * r + c] * a.scale_log2;
-                        if (FEAT && p.t5_table)
-                            v += s_t5[min(max(key - query, -a.t5_lneg), a.t5_n - 1 - a.t5_lneg) + a.t5_lneg];
-                        if (FEAT && p.bias && key < seq.k_len && query < seq.q_len)
-                            v += load_float(p.bias, b * p.bias_sb + h * p.bias_sh + (int64_t)query * p.bias_sq +
-                                            (int64_t)key * p.bias_sk, p.bias_dtype) * FS_LOG2E;
                         const bool masked = (diag && query < key) || !kept[mt][r];
-                        const float pv = masked ? 0.f : exp2_approx(v - lse2);
+                        const float pv = bwd_prob<FEAT>(a, seq, s_t5, b, h, query, key, s[mt][n][2 * r + c], lse2, masked);
                         s[mt][n][2 * r + c] = pv;
                         dp[mt][n][2 * r + c] = pv * (dp[mt][n][2 * r + c] - di);
                     }
@@ -367,25 +387,26 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
                 pack_a<T>(s[mt][2 * kk], s[mt][2 * kk + 1], pa[mt][kk]);
                 pack_a<T>(dp[mt][2 * kk], dp[mt][2 * kk + 1], da[mt][kk]);
             }
-        /* to shared memory for the pair's other warp (P^T, dS^T) and for dQ (dS^T): e = (row half e & 1, n8 tile e / 2) */
+        /* to shared memory for the group's other warps (P^T, dS^T) and for dQ (dS^T): e = (row half e & 1, n8 tile e / 2) */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int kk = 0; kk < NH / 2; kk++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int off = swz<PS>(row0 + 16 * mt + 8 * (e & 1), half * 32 + (2 * kk + (e >> 1)) * 8 + 2 * t4);
+                    const int off = swz<PS>(row0 + 16 * mt + 8 * (e & 1), part * (BR / G) + (2 * kk + (e >> 1)) * 8 + 2 * t4);
                     *reinterpret_cast<uint32_t *>(sPT + off) = pa[mt][kk][e];
                     *reinterpret_cast<uint32_t *>(sdS + off) = da[mt][kk][e];
                 }
         __syncthreads(); /* P^T and dS^T complete */
 
-        /* dV_j += P^T dO_i and dK_j += dS^T Q_i: the pair's keys x this warp's half of the head dim, all Br queries */
-        mma_half_b<MT, BR / 16, NOH, PS, P, T>(acc_dv, pa, half, sPT_a, pa_off, sdO_a, t_off);
-        mma_half_b<MT, BR / 16, NOH, PS, P, T>(acc_dk, da, half, sdS_a, pa_off, sQ_a, t_off);
+        /* dV_j += P^T dO_i and dK_j += dS^T Q_i: the group's keys x this warp's part of the head dim, all Br queries */
+        mma_part_b<MT, BR / 16, G, NOH, PS, P, T>(acc_dv, pa, part, sPT_a, pa_off, sdO_a, t_off);
+        mma_part_b<MT, BR / 16, G, NOH, PS, P, T>(acc_dk, da, part, sdS_a, pa_off, sQ_a, t_off);
 
-        /* dQ_i += dS K_j: this warp's 16 query rows x NDQ n8 tiles, A = dS from dS^T (transposed loads) */
-        {
+        /* dQ_i += dS K_j: this warp's 16 query rows x NDQ n8 tiles, A = dS from dS^T (transposed loads); deterministic
+         * runs leave dQ to its own kernel (backward_dq.cuh) */
+        if (!a.dq_kernel) {
             float dq[NDQ][4];
 #pragma unroll
             for (int n = 0; n < NDQ; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
@@ -425,7 +446,7 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
             const int row = row0 + 16 * mt + 8 * r;
 #pragma unroll
             for (int n = 0; n < NOH; n++) {
-                const int col = (half * NOH + n) * 8 + 2 * t4;
+                const int col = (part * NOH + n) * 8 + 2 * t4;
                 *reinterpret_cast<uint32_t *>(sV + swz<P>(row, col)) =
                     row < k_valid ? pack2<T>(acc_dv[mt][n][2 * r], acc_dv[mt][n][2 * r + 1]) : 0u;
                 if (!(FEAT && a.rotary))
@@ -433,7 +454,7 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
                         row < k_valid ? pack2<T>(acc_dk[mt][n][2 * r] * a.scale, acc_dk[mt][n][2 * r + 1] * a.scale) : 0u;
             }
         }
-    if (FEAT && a.rotary) { /* dK in float32 rows of D + 4 (against bank conflicts) from P^T on, 64 rows (two pairs) a pass */
+    if (FEAT && a.rotary) { /* dK in float32 rows of D + 4 (against bank conflicts) from P^T on, 64 rows (two groups) a pass */
         float *fk = reinterpret_cast<float *>(smem + sm::PT);
         static_assert((size_t)64 * (D + 4) * 4 <= (size_t)sm::Q - sm::PT + 2 * sm::STAGE, "dK staging fits");
         for (int pass = 0; pass < BC / 64; pass++) {
@@ -444,18 +465,20 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
                     for (int r = 0; r < 2; r++)
 #pragma unroll
                         for (int n = 0; n < NOH; n++) {
-                            float *dst = fk + (row0 % 64 + 16 * mt + 8 * r) * (D + 4) + (half * NOH + n) * 8 + 2 * t4;
+                            float *dst = fk + (row0 % 64 + 16 * mt + 8 * r) * (D + 4) + (part * NOH + n) * 8 + 2 * t4;
                             dst[0] = acc_dk[mt][n][2 * r] * a.scale;
                             dst[1] = acc_dk[mt][n][2 * r + 1] * a.scale;
                         }
             __syncthreads();
-            for (int i = tid; i < 64 * (D / 2); i += THREADS) { /* one rotation pair per item */
-                const int rr = i / (D / 2), c = i % (D / 2), row = pass * 64 + rr;
-                float lo = fk[rr * (D + 4) + c], hi = fk[rr * (D + 4) + c + D / 2];
-                unrotate_pair(lo, hi, (float)(k0 + row), rotary_inv_freq(c, D, a.rotary_base));
-                const bool in = row < k_valid;
-                sK[swz<P>(row, c)] = in ? T(lo) : T(0.f);
-                sK[swz<P>(row, c + D / 2)] = in ? T(hi) : T(0.f);
+            for (int i = tid; i < 64 * D; i += THREADS) { /* one element per item, its rotation partner read beside it */
+                const int rr = i / D, c = i % D, row = pass * 64 + rr, rh = a.rotary_dim / 2;
+                float x = fk[rr * (D + 4) + c];
+                if (c < a.rotary_dim) {
+                    float lo = c < rh ? x : fk[rr * (D + 4) + c - rh], hi = c < rh ? fk[rr * (D + 4) + c + rh] : x;
+                    unrotate_pair(lo, hi, (float)(k0 + row), rotary_inv_freq(c % rh, a.rotary_dim, a.rotary_base));
+                    x = c < rh ? lo : hi;
+                }
+                sK[swz<P>(row, c)] = row < k_valid ? T(x) : T(0.f);
             }
             __syncthreads();
         }

@@ -14,15 +14,13 @@ typedef struct {
     int64_t rows;
     float scale;       /* the softmax scale (dQ and dK are scaled by it) */
     int rotary;        /* rotate dq and dk back by rotary_base (the forward rotated q and k) */
+    int rotary_dim;    /* ... over this many columns: the problem's own head dim (less than D in padded runs) */
     float rotary_base;
 } fs_bwd_work;
 
-/* Head dims with a backward kernel of their own. */
-int fs_sm80_backward_native(int D);
-
-/* Delta = rowsum(dO o O) and dQ's accumulator zeroed, for every row of g. */
-cudaError_t fs_sm80_backward_pre(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream);
-/* dq = dQ's accumulator scaled (and rotated back), in dq's dtype and strides. */
+/* Delta = rowsum(dO o O) and dQ's accumulator (rows of acc_d floats: the kernels' head dim) zeroed, for every row of g. */
+cudaError_t fs_sm80_backward_pre(const fs_attn_bwd_params *g, const fs_bwd_work *w, int acc_d, int device, cudaStream_t stream);
+/* dq = dQ's accumulator scaled (and rotated back), in dq's dtype and strides (native head dims). */
 cudaError_t fs_sm80_backward_post(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream);
 /* The main kernel, by key block: dk, dv, and dQ's accumulator by atomics. g->p reads q and k as rotated (rotary off). */
 cudaError_t fs_sm80_backward_fp16(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream);

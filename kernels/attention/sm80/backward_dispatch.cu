@@ -1,19 +1,97 @@
-/* Attention backward on sm_80+, host side: workspace, the rotary pre-pass, and the order of the passes and the main
- * kernel (backward.cuh). Workspace per call (stated in docs/api.md): 4 (D + 1) bytes per query row and head (dQ's
- * float32 accumulator, Delta), plus q and k rotated when the forward used rotary. */
+/* Attention backward on sm_80+, host side: workspace, the rotary pre-pass, and the order of the passes and the kernels
+ * (backward.cuh, backward_dq.cuh). Head dims without a kernel of their own run at the next native one through
+ * zero-padded copies (attention/head_copy.cu), which also rotate q and k and rotate dq back over the true head dim.
+ * Workspace per call (stated in docs/api.md): 4 (Dp + 1) bytes per query row and head (dQ's float32 accumulator at the
+ * kernels' head dim Dp, Delta), plus q and k rotated when the forward used rotary, plus (padded head dims) q, k, v, dO,
+ * dk and dv at Dp. */
+#include "attention/head_copy.h"
 #include "attention/launchers.h"
 #include "attention/sm80/backward.h"
 #include "common/workspace.h"
-
-int fs_sm80_backward_native(int D)
-{
-    return D == 32 || D == 64 || D == 96 || D == 128;
-}
 
 /* x rounded up to a multiple of 256 bytes. */
 static size_t align256(size_t x)
 {
     return (x + 255) & ~(size_t)255;
+}
+
+/* The main kernel (and the deterministic dQ kernel) in g's dtype. */
+static cudaError_t run_kernels(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
+{
+    return g->p.dtype == FS_BF16 ? fs_sm80_backward_bf16(g, w, device, stream) : fs_sm80_backward_fp16(g, w, device, stream);
+}
+
+/* A copy between an operand of p (its own strides and head dim) and token-major scratch rows of Dp columns. to_scratch:
+ * into the scratch (zero columns past D, rotated by rd > 0); else back (the first D columns, rotated back by rd > 0). */
+static fs_head_copy operand_copy(const fs_attn_params *p, int query_side, int H, int Dp, int to_scratch, const void *x,
+                                 int64_t sb, int64_t sh, int64_t ss, void *scratch, int rd)
+{
+    const int packed = p->cu_seqlens_q != NULL;
+    fs_head_copy c;
+    c.nb = packed ? 1 : p->B;
+    c.S = packed ? (int)(query_side ? p->total_q : p->total_k) : query_side ? p->Sq : p->Sk;
+    c.H = H;
+    c.cu = packed ? (query_side ? p->cu_seqlens_q : p->cu_seqlens_k) : NULL;
+    c.n_seq = p->B;
+    c.rd = rd;
+    c.inverse = !to_scratch;
+    c.base = p->rotary_base;
+    c.scale = 1.f;
+    c.src_f32 = 0;
+    const int64_t tss = (int64_t)H * Dp, tsh = Dp, tsb = packed ? 0 : (int64_t)c.S * H * Dp;
+    c.src = to_scratch ? x : scratch;
+    c.dst = to_scratch ? scratch : (void *)x;
+    c.s_sb = to_scratch ? sb : tsb; c.s_sh = to_scratch ? sh : tsh; c.s_ss = to_scratch ? ss : tss;
+    c.d_sb = to_scratch ? tsb : sb; c.d_sh = to_scratch ? tsh : sh; c.d_ss = to_scratch ? tss : ss;
+    c.D_src = p->D;
+    c.D_dst = to_scratch ? Dp : p->D;
+    return c;
+}
+
+/* A head dim without its own kernel: pad q, k (rotated), v and dO to Dp, run, copy dq (from the accumulator, scaled and
+ * rotated back), dk, dv back. The main kernel rotates dk back itself, over the true head dim. */
+static cudaError_t backward_padded(const fs_attn_bwd_params *g, fs_bwd_work *w, int device, cudaStream_t stream)
+{
+    const fs_attn_params *p = &g->p;
+    const int Dp = fs_attention_run_dim(p->D), Hkv = fs_kv_heads(p), packed = p->cu_seqlens_q != NULL;
+    const size_t rows_q = packed ? (size_t)p->total_q : (size_t)p->B * p->Sq, rows_k = packed ? (size_t)p->total_k : (size_t)p->B * p->Sk;
+    const size_t bq = align256(2 * rows_q * p->H * Dp), bk = align256(2 * rows_k * Hkv * Dp);
+    char *buf = NULL;
+    cudaError_t err = cudaMallocAsync((void **)&buf, 2 * bq + 4 * bk, stream);
+    if (err != cudaSuccess) return err;
+    char *q = buf, *dout = q + bq, *k = dout + bq, *v = k + bk, *dk = v + bk, *dv = dk + bk;
+    const fs_head_copy in[4] = {
+        operand_copy(p, 1, p->H, Dp, 1, p->q, p->q_sb, p->q_sh, p->q_ss, q, p->rotary ? p->D : 0),
+        operand_copy(p, 1, p->H, Dp, 1, g->dout, g->do_sb, g->do_sh, g->do_ss, dout, 0),
+        operand_copy(p, 0, Hkv, Dp, 1, p->k, p->k_sb, p->k_sh, p->k_ss, k, p->rotary ? p->D : 0),
+        operand_copy(p, 0, Hkv, Dp, 1, p->v, p->v_sb, p->v_sh, p->v_ss, v, 0)};
+    fs_attn_bwd_params pg = *g;
+    pg.p.D = Dp;
+    pg.p.rotary = 0;
+    pg.p.q = q; pg.p.q_sb = in[0].d_sb; pg.p.q_sh = in[0].d_sh; pg.p.q_ss = in[0].d_ss;
+    pg.p.k = k; pg.p.k_sb = in[2].d_sb; pg.p.k_sh = in[2].d_sh; pg.p.k_ss = in[2].d_ss;
+    pg.p.v = v; pg.p.v_sb = in[3].d_sb; pg.p.v_sh = in[3].d_sh; pg.p.v_ss = in[3].d_ss;
+    pg.dout = dout; pg.do_sb = in[1].d_sb; pg.do_sh = in[1].d_sh; pg.do_ss = in[1].d_ss;
+    pg.dk = dk; pg.dk_sb = in[2].d_sb; pg.dk_sh = in[2].d_sh; pg.dk_ss = in[2].d_ss;
+    pg.dv = dv; pg.dv_sb = in[3].d_sb; pg.dv_sh = in[3].d_sh; pg.dv_ss = in[3].d_ss;
+    /* dq from the accumulator: rows (B, H, Sq) padded, (H, total_q) packed, Dp floats each */
+    fs_head_copy cq = operand_copy(p, 1, p->H, Dp, 0, g->dq, g->dq_sb, g->dq_sh, g->dq_ss, w->dq_acc, p->rotary ? p->D : 0);
+    cq.src_f32 = 1;
+    cq.s_ss = Dp;
+    cq.s_sh = (int64_t)(packed ? p->total_q : p->Sq) * Dp;
+    cq.s_sb = packed ? 0 : cq.s_sh * p->H;
+    cq.scale = w->scale;
+    const fs_head_copy ck = operand_copy(p, 0, Hkv, Dp, 0, g->dk, g->dk_sb, g->dk_sh, g->dk_ss, dk, 0);
+    const fs_head_copy cv = operand_copy(p, 0, Hkv, Dp, 0, g->dv, g->dv_sb, g->dv_sh, g->dv_ss, dv, 0);
+    err = cudaMemsetAsync(dk, 0, 2 * bk, stream); /* rows no sequence covers come back as zeros */
+    for (int i = 0; i < 4 && err == cudaSuccess; i++) err = fs_head_copy_launch(&in[i], p->dtype, device, stream);
+    if (err == cudaSuccess) err = fs_sm80_backward_pre(g, w, Dp, device, stream);
+    if (err == cudaSuccess) err = run_kernels(&pg, w, device, stream);
+    if (err == cudaSuccess) err = fs_head_copy_launch(&cq, p->dtype, device, stream);
+    if (err == cudaSuccess) err = fs_head_copy_launch(&ck, p->dtype, device, stream);
+    if (err == cudaSuccess) err = fs_head_copy_launch(&cv, p->dtype, device, stream);
+    const cudaError_t fr = cudaFreeAsync(buf, stream);
+    return err != cudaSuccess ? err : fr;
 }
 
 extern "C" cudaError_t fs_attention_backward_sm80(const fs_attn_bwd_params *g, int device, int sm_count, int major,
@@ -23,27 +101,32 @@ extern "C" cudaError_t fs_attention_backward_sm80(const fs_attn_bwd_params *g, i
     (void)major;
     const fs_attn_params *p = &g->p;
     if (p->dtype != FS_F16 && p->dtype != FS_BF16) return cudaErrorInvalidValue;
-    if (!fs_sm80_backward_native(p->D) || g->dbias || g->dtable || g->deterministic) return cudaErrorNotSupported;
+    if (p->D % 8 || p->D > 256 || g->dbias || g->dtable) return cudaErrorNotSupported;
+    const int Dp = fs_attention_run_dim(p->D), native = Dp == p->D;
     fs_bwd_work w;
     w.rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
     w.scale = (float)p->scale;
     w.rotary = p->rotary;
+    w.rotary_dim = p->D;
     w.rotary_base = p->rotary_base;
     /* workspace: the counters other launchers keep at zero, Delta, dQ's accumulator, the rotated q and k */
     const size_t off_delta = FS_COUNTER_BYTES, off_acc = align256(off_delta + 4 * (size_t)w.rows);
-    const size_t off_rot = align256(off_acc + 4 * (size_t)w.rows * p->D);
-    const size_t bytes = off_rot + (p->rotary ? fs_rotary_bytes(p) : 0);
+    const size_t off_rot = align256(off_acc + 4 * (size_t)w.rows * Dp);
+    const size_t bytes = off_rot + (p->rotary && native ? fs_rotary_bytes(p) : 0);
     char *ws = NULL;
     cudaError_t err = fs_workspace_get(device, stream, bytes, (void **)&ws);
     if (err != cudaSuccess) return err;
     w.delta = (float *)(ws + off_delta);
     w.dq_acc = (float *)(ws + off_acc);
-    fs_attn_bwd_params kg = *g; /* the main kernel's view: q and k rotated, rotary off */
-    if (p->rotary) err = fs_rotary_qk(p, device, stream, ws + off_rot, &kg.p);
-    if (err == cudaSuccess) err = fs_sm80_backward_pre(g, &w, device, stream);
-    if (err == cudaSuccess)
-        err = p->dtype == FS_BF16 ? fs_sm80_backward_bf16(&kg, &w, device, stream) : fs_sm80_backward_fp16(&kg, &w, device, stream);
-    if (err == cudaSuccess) err = fs_sm80_backward_post(g, &w, device, stream);
+    if (native) {
+        fs_attn_bwd_params kg = *g; /* the kernels' view: q and k rotated, rotary off */
+        if (p->rotary) err = fs_rotary_qk(p, device, stream, ws + off_rot, &kg.p);
+        if (err == cudaSuccess) err = fs_sm80_backward_pre(g, &w, p->D, device, stream);
+        if (err == cudaSuccess) err = run_kernels(&kg, &w, device, stream);
+        if (err == cudaSuccess) err = fs_sm80_backward_post(g, &w, device, stream);
+    } else {
+        err = backward_padded(g, &w, device, stream);
+    }
     const cudaError_t rel = fs_workspace_release(stream, ws);
     return err != cudaSuccess ? err : rel;
 }

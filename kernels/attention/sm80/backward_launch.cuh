@@ -1,20 +1,23 @@
-/* Attention backward on sm_80+, host side of the main kernel (backward.cuh): the variant per problem and its launch.
- * Included by the per-dtype translation units. */
+/* Attention backward on sm_80+, host side of the main kernel (backward.cuh) and of the deterministic runs' dQ kernel
+ * (backward_dq.cuh): the variant per problem and the launches. Included by the per-dtype translation units. */
 #ifndef FLASHSCI_ATTENTION_SM80_BACKWARD_LAUNCH_CUH
 #define FLASHSCI_ATTENTION_SM80_BACKWARD_LAUNCH_CUH
 
 #include "attention/sm80/backward.cuh"
 #include "attention/sm80/backward.h"
+#include "attention/sm80/backward_dq.cuh"
 #include "common/launch.cuh"
 
-/* Launch the main kernel for head dim D: one block per (key block, K/V head, batch), key block fastest (causal: the
- * heaviest key blocks, which see the most queries, first). FEAT: the kernel with the protein options. */
+/* Launch the main kernel for head dim D (one block per key block, K/V head and batch, key block fastest: causal runs
+ * start with the key blocks that see the most queries), then for deterministic runs the dQ kernel (one block per query
+ * block, head and batch). FEAT: the kernels with the protein options. */
 template <int D, typename T, bool FEAT>
 static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
 {
     using tile = fs_bwd_tile<D>;
+    using dq_tile = fs_bwd_dq_tile<D>;
     const fs_attn_params *p = &g->p;
-    static fs_kernel handle;
+    static fs_kernel main_handle, dq_handle;
     fs_bwd_args a;
     a.g = *g;
     a.scale_log2 = (float)(p->scale * 1.4426950408889634);
@@ -24,22 +27,33 @@ static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w,
     a.n_kblocks = (p->Sk + tile::BC - 1) / tile::BC;
     a.rotary = w->rotary;
     a.rotary_base = w->rotary_base;
+    a.rotary_dim = w->rotary_dim;
+    a.dq_kernel = g->deterministic;
     a.t5_n = a.t5_lneg = 0;
     if (p->t5_table) fs_t5_span(p, &a.t5_lneg, &a.t5_n); /* t5_n <= FS_CUDA_T5_MAX, checked by the host */
     const long long blocks = (long long)a.n_kblocks * fs_kv_heads(p) * p->B;
-    if (blocks == 0) return cudaSuccess;
-    if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    const long long dq_blocks = (long long)(p->Sq + dq_tile::BR - 1) / dq_tile::BR * p->H * p->B;
+    if (blocks > 0x7fffffffLL || dq_blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     /* double-buffered Q_i and dO_i where the device's shared memory allows, else single */
     int optin = 0;
     cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (err != cudaSuccess) return err;
     a.stages = fs_bwd_smem<D, T>::bytes(2, a.t5_n) <= optin ? 2 : 1;
-    const int smem = fs_bwd_smem<D, T>::bytes(a.stages, a.t5_n);
-    if (smem > optin) return cudaErrorNotSupported;
-    err = fs_kernel_prepare((const void *)attention_bwd_sm80<D, T, FEAT>, &handle,
-                            fs_bwd_smem<D, T>::bytes(2, FS_CUDA_T5_MAX), device);
+    const int smem = fs_bwd_smem<D, T>::bytes(a.stages, a.t5_n), dq_smem = fs_bwd_dq_smem<D, T>::bytes(a.t5_n);
+    if (smem > optin || (a.dq_kernel && dq_smem > optin)) return cudaErrorNotSupported;
     void *args[] = {&a};
-    return err != cudaSuccess ? err : fs_launch(&handle, device, (unsigned)blocks, tile::THREADS, smem, stream, args);
+    if (blocks > 0) {
+        err = fs_kernel_prepare((const void *)attention_bwd_sm80<D, T, FEAT>, &main_handle,
+                                fs_bwd_smem<D, T>::bytes(2, FS_CUDA_T5_MAX), device);
+        if (err == cudaSuccess) err = fs_launch(&main_handle, device, (unsigned)blocks, tile::THREADS, smem, stream, args);
+        if (err != cudaSuccess) return err;
+    }
+    if (a.dq_kernel && dq_blocks > 0) {
+        err = fs_kernel_prepare((const void *)attention_bwd_dq_sm80<D, T, FEAT>, &dq_handle,
+                                fs_bwd_dq_smem<D, T>::bytes(FS_CUDA_T5_MAX), device);
+        if (err == cudaSuccess) err = fs_launch(&dq_handle, device, (unsigned)dq_blocks, dq_tile::THREADS, dq_smem, stream, args);
+    }
+    return err;
 }
 
 /* The variant for g: the plain kernel unless an option needs the protein one. */
@@ -59,6 +73,7 @@ static cudaError_t bwd_launch_dtype(const fs_attn_bwd_params *g, const fs_bwd_wo
     case 64: return bwd_launch_d<64, T>(g, w, device, stream);
     case 96: return bwd_launch_d<96, T>(g, w, device, stream);
     case 128: return bwd_launch_d<128, T>(g, w, device, stream);
+    case 256: return bwd_launch_d<256, T>(g, w, device, stream);
     default: return cudaErrorNotSupported;
     }
 }

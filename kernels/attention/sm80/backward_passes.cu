@@ -22,6 +22,7 @@ typedef struct {
     fs_attn_bwd_params g;
     fs_bwd_work w;
     int S, nb;       /* rows per batch and batches: (Sq, B) padded, (total_q, 1) packed */
+    int acc_d;       /* columns of dQ's accumulator: the kernels' head dim */
 } fs_pass_args;
 
 /* Batch, row in the batch and head of pass row r (of nb * S) and head h: the workspace row and the tensors' offsets. */
@@ -35,15 +36,15 @@ FS_DEV fs_pass_row pass_row(const fs_pass_args &a, long long r, int h)
     return x;
 }
 
-/* Pre-pass: TPR threads per row (a power of two at least D / 8), one block per row block x head. */
-template <int D, typename T>
+/* Pre-pass: TPR threads per row (a power of two at least D / 8; any D % 8 == 0), one block per row block x head. */
+template <int TPR, typename T>
 __global__ void __launch_bounds__(FS_PASS_THREADS) backward_pre(const fs_pass_args a)
 {
-    constexpr int CH = D / 8, TPR = CH <= 4 ? 4 : CH <= 8 ? 8 : CH <= 16 ? 16 : 32, ROWS = FS_PASS_THREADS / TPR;
+    constexpr int ROWS = FS_PASS_THREADS / TPR;
     const fs_attn_params &p = a.g.p;
-    const int h = blockIdx.x % p.H, c = threadIdx.x % TPR;
+    const int D = p.D, h = blockIdx.x % p.H, c = threadIdx.x % TPR;
     const long long r = (long long)(blockIdx.x / p.H) * ROWS + threadIdx.x / TPR;
-    const bool live = r < (long long)a.nb * a.S && c < CH; /* every thread reaches the shuffles */
+    const bool live = r < (long long)a.nb * a.S && c < D / 8; /* every thread reaches the shuffles */
     float sum = 0.f;
     if (live) {
         const fs_pass_row x = pass_row(a, r, h);
@@ -57,7 +58,9 @@ __global__ void __launch_bounds__(FS_PASS_THREADS) backward_pre(const fs_pass_ar
             const float2 of = unpack2<T>(ow[e]), df = unpack2<T>(dw[e]);
             sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
         }
-        float4 *acc = reinterpret_cast<float4 *>(a.w.dq_acc + x.ws_row * D + c * 8);
+    }
+    if (r < (long long)a.nb * a.S && c < a.acc_d / 8) { /* the accumulator's row, a.acc_d >= D columns */
+        float4 *acc = reinterpret_cast<float4 *>(a.w.dq_acc + pass_row(a, r, h).ws_row * a.acc_d + c * 8);
         acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
@@ -104,52 +107,73 @@ __global__ void __launch_bounds__(FS_PASS_THREADS) backward_post(const fs_pass_a
     *reinterpret_cast<uint4 *>(dq + (c + HALF) * 8) = out_hi;
 }
 
-/* Launch one pass over every (row, head) of g. */
-template <int D, typename T>
-static cudaError_t launch_pass(const fs_pass_args *a, bool pre, int device, cudaStream_t stream)
+/* Launch the pre-pass over every (row, head) of g, TPR threads a row. */
+template <int TPR, typename T>
+static cudaError_t launch_pre(const fs_pass_args *a, int device, cudaStream_t stream)
 {
-    static fs_kernel handles[2];
-    constexpr int TPR = D / 8 <= 4 ? 4 : D / 8 <= 8 ? 8 : D / 8 <= 16 ? 16 : 32;
-    const int rows_per_block = pre ? FS_PASS_THREADS / TPR : FS_PASS_THREADS / (D / 16);
-    const long long blocks = ((long long)a->nb * a->S + rows_per_block - 1) / rows_per_block * a->g.p.H;
+    static fs_kernel handle;
+    const long long blocks = ((long long)a->nb * a->S + FS_PASS_THREADS / TPR - 1) / (FS_PASS_THREADS / TPR) * a->g.p.H;
     if (blocks == 0) return cudaSuccess;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-    const void *kernel = pre ? (const void *)backward_pre<D, T> : (const void *)backward_post<D, T>;
-    cudaError_t err = fs_kernel_prepare(kernel, &handles[pre], 0, device);
+    cudaError_t err = fs_kernel_prepare((const void *)backward_pre<TPR, T>, &handle, 0, device);
     void *args[] = {const_cast<fs_pass_args *>(a)};
-    return err != cudaSuccess ? err : fs_launch(&handles[pre], device, (unsigned)blocks, FS_PASS_THREADS, 0, stream, args);
+    return err != cudaSuccess ? err : fs_launch(&handle, device, (unsigned)blocks, FS_PASS_THREADS, 0, stream, args);
 }
 
 template <typename T>
-static cudaError_t launch_pass_dtype(const fs_pass_args *a, bool pre, int device, cudaStream_t stream)
+static cudaError_t launch_pre_dtype(const fs_pass_args *a, int device, cudaStream_t stream)
+{
+    const int ch = (a->acc_d > a->g.p.D ? a->acc_d : a->g.p.D) / 8;
+    return ch <= 4 ? launch_pre<4, T>(a, device, stream) : ch <= 8 ? launch_pre<8, T>(a, device, stream)
+         : ch <= 16 ? launch_pre<16, T>(a, device, stream) : launch_pre<32, T>(a, device, stream);
+}
+
+/* Launch the post-pass over every (row, head) of g. */
+template <int D, typename T>
+static cudaError_t launch_post(const fs_pass_args *a, int device, cudaStream_t stream)
+{
+    static fs_kernel handle;
+    const long long blocks = ((long long)a->nb * a->S + FS_PASS_THREADS / (D / 16) - 1) / (FS_PASS_THREADS / (D / 16)) * a->g.p.H;
+    if (blocks == 0) return cudaSuccess;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    cudaError_t err = fs_kernel_prepare((const void *)backward_post<D, T>, &handle, 0, device);
+    void *args[] = {const_cast<fs_pass_args *>(a)};
+    return err != cudaSuccess ? err : fs_launch(&handle, device, (unsigned)blocks, FS_PASS_THREADS, 0, stream, args);
+}
+
+template <typename T>
+static cudaError_t launch_post_dtype(const fs_pass_args *a, int device, cudaStream_t stream)
 {
     switch (a->g.p.D) {
-    case 32: return launch_pass<32, T>(a, pre, device, stream);
-    case 64: return launch_pass<64, T>(a, pre, device, stream);
-    case 96: return launch_pass<96, T>(a, pre, device, stream);
-    case 128: return launch_pass<128, T>(a, pre, device, stream);
+    case 32: return launch_post<32, T>(a, device, stream);
+    case 64: return launch_post<64, T>(a, device, stream);
+    case 96: return launch_post<96, T>(a, device, stream);
+    case 128: return launch_post<128, T>(a, device, stream);
+    case 256: return launch_post<256, T>(a, device, stream);
     default: return cudaErrorNotSupported;
     }
 }
 
 /* The arguments of a pass over g. */
-static cudaError_t run_pass(const fs_attn_bwd_params *g, const fs_bwd_work *w, bool pre, int device, cudaStream_t stream)
+static fs_pass_args pass_args(const fs_attn_bwd_params *g, const fs_bwd_work *w, int acc_d)
 {
     fs_pass_args a;
     a.g = *g;
     a.w = *w;
     a.S = g->p.cu_seqlens_q ? (int)g->p.total_q : g->p.Sq;
     a.nb = g->p.cu_seqlens_q ? 1 : g->p.B;
-    return g->p.dtype == FS_BF16 ? launch_pass_dtype<__nv_bfloat16>(&a, pre, device, stream)
-                                 : launch_pass_dtype<__half>(&a, pre, device, stream);
+    a.acc_d = acc_d;
+    return a;
 }
 
-cudaError_t fs_sm80_backward_pre(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
+cudaError_t fs_sm80_backward_pre(const fs_attn_bwd_params *g, const fs_bwd_work *w, int acc_d, int device, cudaStream_t stream)
 {
-    return run_pass(g, w, true, device, stream);
+    const fs_pass_args a = pass_args(g, w, acc_d);
+    return g->p.dtype == FS_BF16 ? launch_pre_dtype<__nv_bfloat16>(&a, device, stream) : launch_pre_dtype<__half>(&a, device, stream);
 }
 
 cudaError_t fs_sm80_backward_post(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
 {
-    return run_pass(g, w, false, device, stream);
+    const fs_pass_args a = pass_args(g, w, g->p.D);
+    return g->p.dtype == FS_BF16 ? launch_post_dtype<__nv_bfloat16>(&a, device, stream) : launch_post_dtype<__half>(&a, device, stream);
 }
