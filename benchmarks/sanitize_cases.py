@@ -36,6 +36,13 @@ def backward_cases():
     backward(q, k, v, key_padding_mask=torch.rand(2, 300, device=dev) < 0.7, causal=True)
     backward(q, k, v, seqlens=torch.tensor([300, 0], dtype=torch.int32, device=dev), rotary=True)
     backward(q, k, v, bias=torch.randn(1, 4, 300, 300, device=dev), t5_bias=(torch.randn(4, 32, device=dev), 32, 128, True))
+    for shape in ((2, 4, 300, 300), (1, 1, 300, 300), (2, 1, 1, 300), (4, 300, 1)):  # dbias (bias_grad), T5 gradient
+        bias = torch.randn(*shape, device=dev)
+        out, lse = flashsci.attention(q, k, v, bias=bias, return_lse=True, causal=True)
+        flashsci.attention_backward(torch.randn_like(out), q, k, v, out, lse, bias=bias, causal=True, bias_grad=True)
+    t5 = (torch.randn(4, 32, device=dev), 32, 128, True)
+    out, lse = flashsci.attention(q, k, v, t5_bias=t5, return_lse=True)
+    flashsci.attention_backward(torch.randn_like(out), q, k, v, out, lse, t5_bias=t5, t5_grad=True, deterministic=True)
     qp, kp, vp = (torch.randn(500, 4, 128, device=dev, dtype=f16) for _ in range(3))
     cu = torch.tensor([0, 1, 1, 200, 500], dtype=torch.int32, device=dev)
     out, lse = flashsci.attention_varlen(qp, kp, vp, cu, cu, 300, 300, causal=True, return_lse=True, rotary=True)

@@ -144,13 +144,11 @@ static PyObject *result_tuple(PyObject *dq, PyObject *dk, PyObject *dv, PyObject
     return r;
 }
 
-/* What the CUDA backward does not cover yet: dbias, dtable. */
+/* Limits of the CUDA backward: the T5 gradient's bucket count. */
 static int cuda_unsupported(const bwd_args *a, const fs_attn_params *p)
 {
-    (void)p;
-    if (a->bias_grad || a->t5_grad) {
-        PyErr_Format(PyExc_NotImplementedError, "CUDA attention backward: %s is not implemented on CUDA in this version "
-                     "(the CPU backward has it)", a->bias_grad ? "bias_grad" : "t5_grad");
+    if (a->t5_grad && p->t5_buckets > 1024) {
+        PyErr_Format(PyExc_ValueError, "CUDA attention backward: t5_grad supports up to 1024 buckets, got %d", p->t5_buckets);
         return -1;
     }
     return 0;

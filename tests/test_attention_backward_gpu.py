@@ -309,6 +309,85 @@ def test_deterministic(d):
     check(first, ref, theirs, "deterministic")
 
 
+def bias_t5_grads(fn, q, k, v, dout, bias=None, table=None, dtype=None, **kw):
+    """Gradients of sum(fn(...) * dout) with respect to the bias and the T5 table (leaves in their own dtype; the
+    attention's additive term is bias + t5_dense(table), cast to `dtype` when given)."""
+    leaves, add = [], None
+    if bias is not None:
+        bias = bias.detach().requires_grad_()
+        leaves.append(bias)
+        add = bias
+    if table is not None:
+        table = table.detach().requires_grad_()
+        leaves.append(table)
+        t5 = t5_dense(table, q.shape[2], k.shape[2], table.shape[1], 128, True)
+        add = t5 if add is None else add + t5
+    if dtype is not None:
+        add = add.to(dtype)
+    out = fn(q, k, v, add=add, **kw)
+    return [g.nan_to_num(0.0) for g in torch.autograd.grad(out, leaves, dout.to(out.dtype))]
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 300, 310), (1, 4, 300, 310), (2, 1, 300, 310), (300, 310), (2, 1, 1, 310),
+                                   (1, 4, 1, 310), (2, 4, 300, 1), (1, 1, 1, 1)])
+@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.bfloat16])
+def test_bias_grad(shape, bias_dtype):
+    """dbias in the bias's own shape and dtype (broadcast dims summed), with causal, a key padding mask and rotary."""
+    b, h, sq, sk, d = 2, 4, 300, 310, 64
+    q, dout = rand(b, h, sq, d, dtype=torch.bfloat16), rand(b, h, sq, d, dtype=torch.bfloat16)
+    k, v = rand(b, h, sk, d, dtype=torch.bfloat16), rand(b, h, sk, d, dtype=torch.bfloat16)
+    bias = torch.randn(*shape, device="cuda").to(bias_dtype)
+    kpm = torch.rand(b, sk, device="cuda") < 0.8
+    keep = kpm[:, None, None, :] & torch.ones(sq, sk, dtype=torch.bool, device="cuda").tril()
+    out, lse = flashsci.attention(q, k, v, bias=bias, causal=True, key_padding_mask=kpm, rotary=True, return_lse=True)
+    res = flashsci.attention_backward(dout, q, k, v, out, lse, bias=bias, causal=True, key_padding_mask=kpm, rotary=True,
+                                      bias_grad=True)
+    assert len(res) == 4 and res[3].shape == bias.shape and res[3].dtype == bias_dtype
+    sc, kw = d ** -0.5, dict(keep=keep, rotary=10000.0)
+    (ref,) = bias_t5_grads(attention64, q.double(), k.double(), v.double(), dout.double(), bias=bias.double(), scale=sc, **kw)
+    (theirs,) = bias_t5_grads(attention_lowp, q, k, v, dout, bias=bias.float(), dtype=q.dtype, scale=sc, **kw)
+    err = (res[3].double() - ref).abs().max().item()
+    torch_err = (theirs.double() - ref).abs().max().item()
+    assert err <= 2 * torch_err + torch.finfo(bias_dtype).eps * ref.abs().max().item(), (shape, err, torch_err)
+    again = flashsci.attention_backward(dout, q, k, v, out, lse, bias=bias, causal=True, key_padding_mask=kpm, rotary=True,
+                                        bias_grad=True)
+    assert torch.equal(again[3], res[3])   # deterministic
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_t5_grad(d):
+    """The T5 table's gradient (H, buckets) float32 against autograd through HF's bucket function; padded and packed."""
+    b, h, s = 2, 4, 333
+    q, k, v, dout = (rand(b, h, s, d, dtype=torch.bfloat16) for _ in range(4))
+    table = torch.randn(h, 32, device="cuda")
+    kw = dict(t5_bias=(table, 32, 128, True), scale=1.0, causal=d == 128)
+    out, lse = flashsci.attention(q, k, v, return_lse=True, **kw)
+    dq, dk, dv, dtable = flashsci.attention_backward(dout, q, k, v, out, lse, t5_grad=True, **kw)
+    assert dtable.shape == (h, 32) and dtable.dtype == torch.float32
+    keep = causal_keep(s, s) if d == 128 else None
+    (ref,) = bias_t5_grads(attention64, q.double(), k.double(), v.double(), dout.double(), table=table.double(),
+                           scale=1.0, keep=keep)
+    (theirs,) = bias_t5_grads(attention_lowp, q, k, v, dout, table=table, dtype=q.dtype, scale=1.0, keep=keep)
+    err, torch_err = (dtable.double() - ref).abs().max().item(), (theirs.double() - ref).abs().max().item()
+    assert err <= 2 * torch_err, (err, torch_err)
+    again = flashsci.attention_backward(dout, q, k, v, out, lse, t5_grad=True, **kw)
+    assert all(torch.equal(x, y) for x, y in zip(again, (dq, dk, dv, dtable)))   # the dQ kernel runs: deterministic
+    # packed: the sum of each sequence's own gradient
+    lengths = [1, 200, 0, 133]
+    cu, (pq, pk, pv) = pack(lengths, h, d, torch.bfloat16)
+    pdo = torch.randn_like(pq)
+    out, lse = flashsci.attention_varlen(pq, pk, pv, cu, cu, 200, 200, return_lse=True, **kw)
+    *_, dtable = flashsci.attention_varlen_backward(pdo, pq, pk, pv, out, lse, cu, cu, 200, 200, t5_grad=True, **kw)
+    ref = torch.zeros(h, 32, dtype=torch.float64, device="cuda")
+    for i in range(len(lengths)):
+        a, e = int(cu[i]), int(cu[i + 1])
+        if e > a:
+            x = [y[a:e].transpose(0, 1)[None] for y in (pq, pk, pv, pdo)]
+            ref += bias_t5_grads(attention64, *(y.double() for y in x), table=table.double(), scale=1.0,
+                                 keep=causal_keep(e - a, e - a) if d == 128 else None)[0]
+    assert (dtable.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+
+
 def test_unsupported_are_clear():
     q, k, v = (rand(1, 2, 64, 64) for _ in range(3))
     out, lse = flashsci.attention(q, k, v, return_lse=True)

@@ -76,7 +76,9 @@ typedef struct {
     float rotary_base;
     int t5_n, t5_lneg;     /* T5 bias (log2 units) of rel = -t5_lneg .. t5_n - 1 - t5_lneg in shared memory */
     int stages;            /* buffers of Q_i and dO_i: 2 (the next step's copies overlap this one) or 1 */
-    int dq_kernel;         /* dQ by the query-block kernel (deterministic) instead of atomics here */
+    int dq_kernel;         /* dQ by the query-block kernel (deterministic, T5 gradient) instead of atomics here */
+    float *t5_part;        /* T5 gradient: per (b, h, query tile) bucket sums of the dQ kernel, [B H n_qtiles][buckets] */
+    int dq_smem_ds;        /* the dQ kernel's byte offset of its dS tile (then diagonal sums, buckets, bucket sums) */
 } fs_bwd_args;
 
 /* Row of (b, h, i) in the float32 workspaces (Delta, dQ's accumulator): (B, H, Sq) padded, (H, total_q) packed. */

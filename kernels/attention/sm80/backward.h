@@ -15,11 +15,14 @@ typedef struct {
     float scale;       /* the softmax scale (dQ and dK are scaled by it) */
     int rotary;        /* rotate dq and dk back by rotary_base (the forward rotated q and k) */
     int rotary_dim;    /* ... over this many columns: the problem's own head dim (less than D in padded runs) */
+    float *t5_part;    /* T5 gradient: bucket sums per (b, h, query tile of 64) */
     float rotary_base;
 } fs_bwd_work;
 
 /* Delta = rowsum(dO o O) and dQ's accumulator (rows of acc_d floats: the kernels' head dim) zeroed, for every row of g. */
 cudaError_t fs_sm80_backward_pre(const fs_attn_bwd_params *g, const fs_bwd_work *w, int acc_d, int device, cudaStream_t stream);
+/* dtable = the T5 gradient's partial bucket sums added over batches and query tiles, in a fixed order. */
+cudaError_t fs_sm80_backward_t5_sum(const fs_attn_bwd_params *g, const float *part, int device, cudaStream_t stream);
 /* dq = dQ's accumulator scaled (and rotated back), in dq's dtype and strides (native head dims). */
 cudaError_t fs_sm80_backward_post(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream);
 /* The main kernel, by key block: dk, dv, and dQ's accumulator by atomics. g->p reads q and k as rotated (rotary off). */

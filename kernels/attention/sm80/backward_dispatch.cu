@@ -2,8 +2,8 @@
  * (backward.cuh, backward_dq.cuh). Head dims without a kernel of their own run at the next native one through
  * zero-padded copies (attention/head_copy.cu), which also rotate q and k and rotate dq back over the true head dim.
  * Workspace per call (stated in docs/api.md): 4 (Dp + 1) bytes per query row and head (dQ's float32 accumulator at the
- * kernels' head dim Dp, Delta), plus q and k rotated when the forward used rotary, plus (padded head dims) q, k, v, dO,
- * dk and dv at Dp. */
+ * kernels' head dim Dp, Delta), plus q and k rotated when the forward used rotary, plus 4 bytes per (batch, head, 64
+ * queries, bucket) for the T5 gradient, plus (padded head dims) q, k, v, dO, dk and dv at Dp. */
 #include "attention/head_copy.h"
 #include "attention/launchers.h"
 #include "attention/sm80/backward.h"
@@ -101,7 +101,7 @@ extern "C" cudaError_t fs_attention_backward_sm80(const fs_attn_bwd_params *g, i
     (void)major;
     const fs_attn_params *p = &g->p;
     if (p->dtype != FS_F16 && p->dtype != FS_BF16) return cudaErrorInvalidValue;
-    if (p->D % 8 || p->D > 256 || g->dbias || g->dtable) return cudaErrorNotSupported;
+    if (p->D % 8 || p->D > 256) return cudaErrorNotSupported;
     const int Dp = fs_attention_run_dim(p->D), native = Dp == p->D;
     fs_bwd_work w;
     w.rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
@@ -112,12 +112,15 @@ extern "C" cudaError_t fs_attention_backward_sm80(const fs_attn_bwd_params *g, i
     /* workspace: the counters other launchers keep at zero, Delta, dQ's accumulator, the rotated q and k */
     const size_t off_delta = FS_COUNTER_BYTES, off_acc = align256(off_delta + 4 * (size_t)w.rows);
     const size_t off_rot = align256(off_acc + 4 * (size_t)w.rows * Dp);
-    const size_t bytes = off_rot + (p->rotary && native ? fs_rotary_bytes(p) : 0);
+    const size_t off_t5 = align256(off_rot + (p->rotary && native ? fs_rotary_bytes(p) : 0));
+    const size_t t5_floats = g->dtable ? (size_t)p->B * p->H * ((p->Sq + 63) / 64) * p->t5_buckets : 0;
+    const size_t bytes = off_t5 + 4 * t5_floats;
     char *ws = NULL;
     cudaError_t err = fs_workspace_get(device, stream, bytes, (void **)&ws);
     if (err != cudaSuccess) return err;
     w.delta = (float *)(ws + off_delta);
     w.dq_acc = (float *)(ws + off_acc);
+    w.t5_part = (float *)(ws + off_t5);
     if (native) {
         fs_attn_bwd_params kg = *g; /* the kernels' view: q and k rotated, rotary off */
         if (p->rotary) err = fs_rotary_qk(p, device, stream, ws + off_rot, &kg.p);
@@ -127,6 +130,7 @@ extern "C" cudaError_t fs_attention_backward_sm80(const fs_attn_bwd_params *g, i
     } else {
         err = backward_padded(g, &w, device, stream);
     }
+    if (err == cudaSuccess && g->dtable) err = fs_sm80_backward_t5_sum(g, w.t5_part, device, stream);
     const cudaError_t rel = fs_workspace_release(stream, ws);
     return err != cudaSuccess ? err : rel;
 }

@@ -1,31 +1,71 @@
-/* Attention backward for sm_80+, the dQ kernel of deterministic runs: by query block, so that each dQ row is summed in
- * one fixed order (the main kernel then skips its float32 atomics). A block owns the query tile Q_i of Br = 16 WARPS
+/* Attention backward for sm_80+, the dQ kernel of deterministic runs and of runs that want the T5 table's gradient: by
+ * query block, so that each dQ row is summed in one fixed order (the main kernel then skips its float32 atomics). A block owns the query tile Q_i of Br = 16 WARPS
  * rows (16 per warp, as the forward kernel) and streams K_j, V_j of Bc rows through double-buffered shared memory:
  *   S = Q_i K_j^T,  P = exp2(S c [+ bias + T5] - L_i log2 e),  dP = dO_i V_j^T,  dS = P o (dP - D_i),  dQ_i += dS K_j
  * with P and dS in registers (dS feeds the last product straight from the accumulators). dQ_i is stored unscaled into
  * the float32 accumulator, which the post-pass scales, rotates back and converts as after the atomics. Three products
  * per tile against the main kernel's five: deterministic runs cost about 60% more than the default.
+ * The T5 table's gradient (t5_grad): dtable[h][n] = sum of dS over the (b, i, j) whose j - i falls in bucket n. Each
+ * tile's dS goes through shared memory, thread d sums diagonal d (j - i = k0 - q0 + d - (Br - 1)) in row order, and
+ * thread n adds the diagonals of bucket n in diagonal order: per block one partial per bucket, summed over the query
+ * blocks and batches by a last small kernel (backward_passes.cu), every sum in a fixed order.
  */
 #ifndef FLASHSCI_ATTENTION_SM80_BACKWARD_DQ_CUH
 #define FLASHSCI_ATTENTION_SM80_BACKWARD_DQ_CUH
 
 #include "attention/sm80/backward.cuh"
 
+#define FS_T5_GRAD_BUCKETS 1024 /* T5 gradients on CUDA take up to this many buckets */
+
 /* ---- tile configuration: warps (Br = 16 WARPS query rows) and Bc keys per step ---- */
 template <int D> struct fs_bwd_dq_tile {
     enum { WARPS = 4, BR = 64, BC = D <= 128 ? 64 : 32, THREADS = 128 };
 };
 
-/* Shared memory (byte offsets): Q_i, dO_i, two stages of K_j and V_j, then the T5 table. */
+/* Shared memory (byte offsets): Q_i, dO_i, two stages of K_j and V_j, the dS tile, diagonal sums and buckets and the
+ * bucket sums of the T5 gradient, then the T5 table. */
 template <int D, typename T> struct fs_bwd_dq_smem {
     typedef fs_bwd_dq_tile<D> tile;
     enum {
         P = fs_bwd_pitch<D>::VALUE, Q = 0, DO = Q + tile::BR * P * (int)sizeof(T), KV = DO + tile::BR * P * (int)sizeof(T),
         STAGE = 2 * tile::BC * P * (int)sizeof(T), /* K_j then V_j */
-        T5 = KV + 2 * STAGE
+        NDIAG = tile::BR + tile::BC - 1, DSP = tile::BC + 1, /* diagonals of a tile; dS row pitch (floats) */
+        DS = KV + 2 * STAGE, DIAG = DS + tile::BR * DSP * 4, DBK = DIAG + NDIAG * 4, BSUM = DBK + NDIAG * 4,
+        T5 = BSUM + FS_T5_GRAD_BUCKETS * 4
     };
     static int bytes(int t5_n) { return T5 + 4 * t5_n; }
 };
+
+/* The T5 gradient of one tile: dS (s, this warp's 16 rows x NS n8 tiles) through shared memory, diagonal sums in row
+ * order (diagonal d: key - query = rel0 + d - (BR - 1)), then each bucket's thread adds its diagonals in order. */
+template <int NDIAG, int DSP, int BR, int BC, int NS>
+FS_DEV_T void t5_grad_tile(const fs_bwd_args &a, unsigned char *smem, const float (&s)[1][NS][4], int rel0, int warp, int gr,
+                           int t4, int tid, int threads)
+{
+    const fs_attn_params &p = a.g.p;
+    float *ds = reinterpret_cast<float *>(smem + (size_t)a.dq_smem_ds), *diag = ds + BR * DSP;
+    int *dbk = reinterpret_cast<int *>(diag + NDIAG);
+    float *bsum = reinterpret_cast<float *>(dbk + NDIAG);
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) ds[(warp * 16 + gr + 8 * (e >> 1)) * DSP + n * 8 + 2 * t4 + (e & 1)] = s[0][n][e];
+    __syncthreads(); /* the tile is complete; every bucket thread is done with the previous tile's diagonals */
+    for (int d = tid; d < NDIAG; d += threads) {
+        const int c0 = d - (BR - 1); /* key - query of the diagonal within the tile */
+        float sum = 0.f;
+        for (int r = max(0, -c0); r < BR && r + c0 < BC; r++) sum += ds[r * DSP + r + c0];
+        diag[d] = sum;
+        dbk[d] = fs_t5_bucket(rel0 + c0, p.t5_buckets, p.t5_max_distance, p.t5_bidirectional);
+    }
+    __syncthreads();
+    for (int n = tid; n < p.t5_buckets; n += threads) {
+        float sum = 0.f;
+        for (int d = 0; d < NDIAG; d++)
+            if (dbk[d] == n) sum += diag[d];
+        bsum[n] += sum;
+    }
+}
 
 template <int D, typename T, bool FEAT>
 __global__ void __launch_bounds__(fs_bwd_dq_tile<D>::THREADS) attention_bwd_dq_sm80(const fs_bwd_args a)
@@ -45,7 +85,11 @@ __global__ void __launch_bounds__(fs_bwd_dq_tile<D>::THREADS) attention_bwd_dq_s
     const int qt = blockIdx.x % n_qt, h = blockIdx.x / n_qt % p.H, b = blockIdx.x / n_qt / p.H;
     const int q0 = qt * BR;
     const fs_seq seq = FEAT ? seq_geometry(p, b) : fs_seq{0, 0, p.Sq, p.Sk};
-    if (q0 >= seq.q_len) return; /* rows past the length keep the zeros the pre-pass wrote */
+    if (q0 >= seq.q_len) { /* rows past the length keep the zeros the pre-pass wrote */
+        if (FEAT && g.dtable)
+            for (int n = tid; n < p.t5_buckets; n += THREADS) a.t5_part[((int64_t)(b * p.H + h) * n_qt + qt) * p.t5_buckets + n] = 0.f;
+        return;
+    }
     const int rows = min(BR, seq.q_len - q0), hkv = h / p.kv_group;
     const int kv_end = p.causal ? min(seq.k_len, q0 + BR) : seq.k_len, n_kv = (kv_end + BC - 1) / BC;
 
@@ -66,6 +110,9 @@ __global__ void __launch_bounds__(fs_bwd_dq_tile<D>::THREADS) attention_bwd_dq_s
     };
     load_kv(0);
     if (FEAT && p.t5_table) bwd_t5_table(a, s_t5, h, tid, THREADS); /* visible after the first barrier */
+    float *s_bsum = reinterpret_cast<float *>(smem + sm::BSUM);
+    if (FEAT && g.dtable)
+        for (int n = tid; n < p.t5_buckets; n += THREADS) s_bsum[n] = 0.f;
 
     /* this thread's rows g, g + 8 of its warp: L log2 e (+inf without a key) and D */
     const int row_base = q0 + warp * 16 + gr;
@@ -115,6 +162,7 @@ __global__ void __launch_bounds__(fs_bwd_dq_tile<D>::THREADS) attention_bwd_dq_s
                     s[0][n][2 * r + c] = pv * (dp[0][n][2 * r + c] - di[r]);
                 }
             }
+        if (FEAT && a.g.dtable) t5_grad_tile<sm::NDIAG, sm::DSP, BR, BC, NS>(a, smem, s, k0 - q0, warp, gr, t4, tid, THREADS);
         /* dQ_i += dS K_j */
 #pragma unroll
         for (int kk = 0; kk < NS / 2; kk++) {
@@ -130,6 +178,11 @@ __global__ void __launch_bounds__(fs_bwd_dq_tile<D>::THREADS) attention_bwd_dq_s
         }
     }
     cp_async_wait<0>();
+    if (FEAT && g.dtable) { /* this block's bucket sums: partial (b, h, query tile) */
+        __syncthreads();
+        for (int n = tid; n < p.t5_buckets; n += THREADS)
+            a.t5_part[((int64_t)(b * p.H + h) * n_qt + qt) * p.t5_buckets + n] = s_bsum[n];
+    }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int i = row_base + 8 * r;

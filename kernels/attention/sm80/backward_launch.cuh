@@ -5,19 +5,21 @@
 
 #include "attention/sm80/backward.cuh"
 #include "attention/sm80/backward.h"
+#include "attention/sm80/backward_dbias.cuh"
 #include "attention/sm80/backward_dq.cuh"
 #include "common/launch.cuh"
 
 /* Launch the main kernel for head dim D (one block per key block, K/V head and batch, key block fastest: causal runs
- * start with the key blocks that see the most queries), then for deterministic runs the dQ kernel (one block per query
- * block, head and batch). FEAT: the kernels with the protein options. */
+ * start with the key blocks that see the most queries), then for deterministic runs and the T5 gradient the dQ kernel
+ * (one block per query block, head and batch), then for bias_grad the dbias kernel (one block per tile of the bias's
+ * index space). FEAT: the kernels with the protein options. */
 template <int D, typename T, bool FEAT>
 static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
 {
     using tile = fs_bwd_tile<D>;
     using dq_tile = fs_bwd_dq_tile<D>;
     const fs_attn_params *p = &g->p;
-    static fs_kernel main_handle, dq_handle;
+    static fs_kernel main_handle, dq_handle, dbias_handle;
     fs_bwd_args a;
     a.g = *g;
     a.scale_log2 = (float)(p->scale * 1.4426950408889634);
@@ -28,7 +30,9 @@ static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w,
     a.rotary = w->rotary;
     a.rotary_base = w->rotary_base;
     a.rotary_dim = w->rotary_dim;
-    a.dq_kernel = g->deterministic;
+    a.dq_kernel = g->deterministic || g->dtable;
+    a.t5_part = w->t5_part;
+    a.dq_smem_ds = fs_bwd_dq_smem<D, T>::DS;
     a.t5_n = a.t5_lneg = 0;
     if (p->t5_table) fs_t5_span(p, &a.t5_lneg, &a.t5_n); /* t5_n <= FS_CUDA_T5_MAX, checked by the host */
     const long long blocks = (long long)a.n_kblocks * fs_kv_heads(p) * p->B;
@@ -52,6 +56,19 @@ static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w,
         err = fs_kernel_prepare((const void *)attention_bwd_dq_sm80<D, T, FEAT>, &dq_handle,
                                 fs_bwd_dq_smem<D, T>::bytes(FS_CUDA_T5_MAX), device);
         if (err == cudaSuccess) err = fs_launch(&dq_handle, device, (unsigned)dq_blocks, dq_tile::THREADS, dq_smem, stream, args);
+        if (err != cudaSuccess) return err;
+    }
+    if (g->dbias) {
+        using db = fs_bwd_dbias_tile<D>;
+        const int64_t *dims = g->dbias_dims;
+        const long long tiles = (dims[2] == 1 ? 1 : (p->Sq + db::BR - 1) / db::BR) * (dims[3] == 1 ? 1 : (p->Sk + db::BC - 1) / db::BC);
+        const long long db_blocks = dims[0] * dims[1] * tiles;
+        const int db_smem = fs_bwd_dbias_smem<D, T>::bytes(a.t5_n);
+        if (db_blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+        if (db_smem > optin) return cudaErrorNotSupported;
+        if (db_blocks > 0 && (err = fs_kernel_prepare((const void *)attention_bwd_dbias_sm80<D, T>, &dbias_handle,
+                                                     fs_bwd_dbias_smem<D, T>::bytes(FS_CUDA_T5_MAX), device)) == cudaSuccess)
+            err = fs_launch(&dbias_handle, device, (unsigned)db_blocks, db::THREADS, db_smem, stream, args);
     }
     return err;
 }

@@ -1,7 +1,7 @@
 /* The passes around the attention backward's main kernel (backward.cuh), sm_80+, fp16/bf16:
  *   pre:  D_i = rowsum(dO_i o O_i) in float32, and dQ's float32 accumulator zeroed (the main kernel adds to it);
  *   post: dQ = scale * accumulator, rotated back when the forward rotated q, converted to dq's dtype and strides.
- * Memory-bound: each reads and writes its rows once, a thread per 16-byte chunk (pre) or chunk pair (post: the pair a
+ * and the T5 table's gradient summed from the dQ kernel's per-block partials. Memory-bound: each reads and writes its rows once, a thread per 16-byte chunk (pre) or chunk pair (post: the pair a
  * rotation couples, x[c] and x[c + D/2]).
  *
  * Build: part of the extension; alone: nvcc -O3 -std=c++17 -gencode=arch=compute_80,code=sm_80 -Ikernels -c kernels/attention/sm80/backward_passes.cu
@@ -14,6 +14,7 @@
 #include "attention/rotary/rotary.cuh"
 #include "attention/sequence.cuh"
 #include "attention/sm80/backward.h"
+#include "attention/sm80/backward_dq.cuh"
 #include "common/launch.cuh"
 
 #define FS_PASS_THREADS 256
@@ -176,4 +177,30 @@ cudaError_t fs_sm80_backward_post(const fs_attn_bwd_params *g, const fs_bwd_work
 {
     const fs_pass_args a = pass_args(g, w, g->p.D);
     return g->p.dtype == FS_BF16 ? launch_post_dtype<__nv_bfloat16>(&a, device, stream) : launch_post_dtype<__half>(&a, device, stream);
+}
+
+/* dtable[h][n] = sum over batches and query tiles of the partial bucket sums, one thread per (h, n), in order. */
+__global__ void backward_t5_sum(const float *part, float *dtable, int64_t sh, int B, int H, int n_qt, int nb)
+{
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= H * nb) return;
+    const int h = idx / nb, n = idx % nb;
+    float sum = 0.f;
+    for (int b = 0; b < B; b++)
+        for (int qt = 0; qt < n_qt; qt++) sum += part[((int64_t)(b * H + h) * n_qt + qt) * nb + n];
+    dtable[h * sh + n] = sum;
+}
+
+cudaError_t fs_sm80_backward_t5_sum(const fs_attn_bwd_params *g, const float *part, int device, cudaStream_t stream)
+{
+    static fs_kernel handle;
+    const fs_attn_params *p = &g->p;
+    int n_qt = (p->Sq + fs_bwd_dq_tile<64>::BR - 1) / fs_bwd_dq_tile<64>::BR, B = p->B, H = p->H, nb = p->t5_buckets;
+    int64_t sh = g->dtable_sh;
+    float *dtable = g->dtable;
+    const int items = H * nb;
+    if (items == 0) return cudaSuccess;
+    cudaError_t err = fs_kernel_prepare((const void *)backward_t5_sum, &handle, 0, device);
+    void *args[] = {(void *)&part, &dtable, &sh, &B, &H, &n_qt, &nb};
+    return err != cudaSuccess ? err : fs_launch(&handle, device, (unsigned)((items + 127) / 128), 128, 0, stream, args);
 }
