@@ -324,7 +324,9 @@ def bias_t5_grads(fn, q, k, v, dout, bias=None, table=None, dtype=None, **kw):
         add = t5 if add is None else add + t5
     if dtype is not None:
         add = add.to(dtype)
-    out = fn(q, k, v, add=add, **kw)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.MATH):   # torch's low-precision bias gradient: the math backend (efficient refuses
+        out = fn(q, k, v, add=add, **kw)  # some lse strides with a mask that needs grad)
     return [g.nan_to_num(0.0) for g in torch.autograd.grad(out, leaves, dout.to(out.dtype))]
 
 

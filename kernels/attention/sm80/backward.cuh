@@ -79,6 +79,8 @@ typedef struct {
     int dq_kernel;         /* dQ by the query-block kernel (deterministic, T5 gradient) instead of atomics here */
     float *t5_part;        /* T5 gradient: per (b, h, query tile) bucket sums of the dQ kernel, [B H n_qtiles][buckets] */
     int dq_smem_ds;        /* the dQ kernel's byte offset of its dS tile (then diagonal sums, buckets, bucket sums) */
+    int delta_pass;        /* the dQ kernel computes D_i = rowsum(P o dP) into delta_out instead of dQ */
+    float *delta_out;
 } fs_bwd_args;
 
 /* Row of (b, h, i) in the float32 workspaces (Delta, dQ's accumulator): (B, H, Sq) padded, (H, total_q) packed. */

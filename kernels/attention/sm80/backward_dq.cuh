@@ -9,6 +9,10 @@
  * tile's dS goes through shared memory, thread d sums diagonal d (j - i = k0 - q0 + d - (Br - 1)) in row order, and
  * thread n adds the diagonals of bucket n in diagonal order: per block one partial per bucket, summed over the query
  * blocks and batches by a last small kernel (backward_passes.cu), every sum in a fixed order.
+ * Delta pass (before the other kernels, for the T5 and bias gradients): the same loop computes D_i = rowsum(P o dP) in
+ * float32 instead of rowsum(dO o O) from the rounded output. The two agree to the output's rounding, but the T5 and
+ * bias gradients sum dS over whole rows, where that rounding no longer averages out (a bias broadcast over the keys has
+ * the gradient sum_j P_ij (dP_ij - D_i) = 0 exactly with this D).
  */
 #ifndef FLASHSCI_ATTENTION_SM80_BACKWARD_DQ_CUH
 #define FLASHSCI_ATTENTION_SM80_BACKWARD_DQ_CUH
@@ -131,7 +135,7 @@ __global__ void __launch_bounds__(fs_bwd_dq_tile<D>::THREADS) attention_bwd_dq_s
     lane_offsets<P>(t_off, l7 + (mi & 1) * 8, mi >> 1);         /* K_j as B (transposed loads) */
     const uint32_t sQ_a = smem_addr(sQ), sdO_a = smem_addr(sdO);
 
-    float dq[1][NO][4];
+    float dq[1][NO][4], pdp[2] = {0.f, 0.f}; /* pdp: this thread's share of rowsum(P o dP) in a Delta pass */
 #pragma unroll
     for (int n = 0; n < NO; n++) dq[0][n][0] = dq[0][n][1] = dq[0][n][2] = dq[0][n][3] = 0.f;
     for (int j = 0; j < n_kv; j++) {
@@ -159,9 +163,11 @@ __global__ void __launch_bounds__(fs_bwd_dq_tile<D>::THREADS) attention_bwd_dq_s
                     const int query = row_base + 8 * r;
                     const bool masked = out || (p.causal && key > query);
                     const float pv = bwd_prob<FEAT>(a, seq, s_t5, b, h, query, key, s[0][n][2 * r + c], lse2[r], masked);
+                    if (a.delta_pass) pdp[r] = fmaf(pv, dp[0][n][2 * r + c], pdp[r]);
                     s[0][n][2 * r + c] = pv * (dp[0][n][2 * r + c] - di[r]);
                 }
             }
+        if (a.delta_pass) continue;
         if (FEAT && a.g.dtable) t5_grad_tile<sm::NDIAG, sm::DSP, BR, BC, NS>(a, smem, s, k0 - q0, warp, gr, t4, tid, THREADS);
         /* dQ_i += dS K_j */
 #pragma unroll
@@ -178,6 +184,17 @@ __global__ void __launch_bounds__(fs_bwd_dq_tile<D>::THREADS) attention_bwd_dq_s
         }
     }
     cp_async_wait<0>();
+    if (a.delta_pass) { /* D_i = rowsum(P o dP) in float32: the four lanes of a row add their columns */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float x = pdp[r];
+            x += __shfl_xor_sync(0xffffffff, x, 1);
+            x += __shfl_xor_sync(0xffffffff, x, 2);
+            const int i = row_base + 8 * r;
+            if (t4 == 0 && i < seq.q_len) a.delta_out[fs_bwd_row(p, b, h, seq.qo, i)] = x;
+        }
+        return;
+    }
     if (FEAT && g.dtable) { /* this block's bucket sums: partial (b, h, query tile) */
         __syncthreads();
         for (int n = tid; n < p.t5_buckets; n += THREADS)

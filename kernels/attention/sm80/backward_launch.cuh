@@ -44,8 +44,18 @@ static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w,
     if (err != cudaSuccess) return err;
     a.stages = fs_bwd_smem<D, T>::bytes(2, a.t5_n) <= optin ? 2 : 1;
     const int smem = fs_bwd_smem<D, T>::bytes(a.stages, a.t5_n), dq_smem = fs_bwd_dq_smem<D, T>::bytes(a.t5_n);
-    if (smem > optin || (a.dq_kernel && dq_smem > optin)) return cudaErrorNotSupported;
+    if (smem > optin || ((a.dq_kernel || g->dbias) && dq_smem > optin)) return cudaErrorNotSupported;
     void *args[] = {&a};
+    a.delta_pass = 0;
+    a.delta_out = w->delta;
+    if ((g->dbias || g->dtable) && dq_blocks > 0) { /* Delta as rowsum(P o dP) for the gradients that sum dS over rows */
+        err = fs_kernel_prepare((const void *)attention_bwd_dq_sm80<D, T, FEAT>, &dq_handle,
+                                fs_bwd_dq_smem<D, T>::bytes(FS_CUDA_T5_MAX), device);
+        a.delta_pass = 1;
+        if (err == cudaSuccess) err = fs_launch(&dq_handle, device, (unsigned)dq_blocks, dq_tile::THREADS, dq_smem, stream, args);
+        a.delta_pass = 0;
+        if (err != cudaSuccess) return err;
+    }
     if (blocks > 0) {
         err = fs_kernel_prepare((const void *)attention_bwd_sm80<D, T, FEAT>, &main_handle,
                                 fs_bwd_smem<D, T>::bytes(2, FS_CUDA_T5_MAX), device);
