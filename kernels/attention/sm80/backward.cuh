@@ -31,6 +31,7 @@
 #include "attention/launchers.h"
 #include "attention/rotary/rotary.cuh"
 #include "attention/sequence.cuh"
+#include "attention/sm80/tiles.cuh"
 #include "common/cuda_ptx.cuh"
 
 /* ---- tile configuration, one place: warps, Br query rows per step, and G warps per group of 32 keys (each taking
@@ -46,15 +47,12 @@ template <> struct fs_bwd_tile<96>  : fs_bwd_cfg<8, 64, 2> {};
 template <> struct fs_bwd_tile<128> : fs_bwd_cfg<8, 64, 2> {};
 template <> struct fs_bwd_tile<256> : fs_bwd_cfg<8, 64, 4> {}; /* dV + dK of 32 keys x D/2 would take 256 registers */
 
-/* Shared-memory row pitch in elements: a multiple of 64 so the 16-byte-chunk XOR swizzle stays in-row. */
-template <int D> struct fs_bwd_pitch { enum { VALUE = D < 64 ? 64 : (D + 63) / 64 * 64 }; };
-
 /* Shared memory of the main kernel (byte offsets): K, V, P^T, dS^T, two buffers of L and D, then `stages` buffers of
  * Q and of dO, then the T5 table. */
 template <int D, typename T> struct fs_bwd_smem {
     typedef fs_bwd_tile<D> tile;
     enum {
-        P = fs_bwd_pitch<D>::VALUE, PS = fs_bwd_pitch<tile::BR>::VALUE,
+        P = fs_pitch<D>::VALUE, PS = fs_pitch<tile::BR>::VALUE,
         K = 0, V = K + tile::BC * P * (int)sizeof(T), PT = V + tile::BC * P * (int)sizeof(T),
         DS = PT + tile::BC * PS * (int)sizeof(T), L = DS + tile::BC * PS * (int)sizeof(T), DELTA = L + 2 * tile::BR * 4,
         Q = DELTA + 2 * tile::BR * 4, STAGE = tile::BR * P * (int)sizeof(T) /* one buffer of Q or dO */
@@ -87,19 +85,6 @@ typedef struct {
 FS_DEV int64_t fs_bwd_row(const fs_attn_params &p, int b, int h, int64_t qo, int i)
 {
     return p.cu_seqlens_q ? (int64_t)h * p.total_q + qo + i : ((int64_t)b * p.H + h) * p.Sq + i;
-}
-
-/* Async-copy ROWS x D elements (row stride in elements) into a swizzled tile; rows >= valid are zeroed. */
-template <int ROWS, int D, int THREADS, typename T>
-FS_DEV_T void bwd_load_tile(T *tile, const T *g, int64_t stride, int valid, int tid)
-{
-    constexpr int CH = D / 8, P = fs_bwd_pitch<D>::VALUE;
-#pragma unroll
-    for (int i = tid; i < ROWS * CH; i += THREADS) {
-        const int r = i / CH, c = i % CH;
-        const bool ok = r < valid;
-        cp_async16(smem_addr(tile + swz<P>(r, c * 8)), g + (ok ? r * stride + c * 8 : 0), ok);
-    }
 }
 
 /* ldmatrix lane offsets (elements) into a swizzled tile: off[j] addresses 16-byte chunk 2j + x of row `row` (row & 7 ==
@@ -263,8 +248,8 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
 
     const T *gK = static_cast<const T *>(p.k) + b * p.k_sb + hkv * p.k_sh + (seq.ko + k0) * p.k_ss;
     const T *gV = static_cast<const T *>(p.v) + b * p.v_sb + hkv * p.v_sh + (seq.ko + k0) * p.v_ss;
-    bwd_load_tile<BC, D, THREADS>(sK, gK, p.k_ss, k_valid, tid);
-    bwd_load_tile<BC, D, THREADS>(sV, gV, p.v_ss, k_valid, tid);
+    load_tile<BC, D, THREADS>(sK, gK, p.k_ss, k_valid, tid);
+    load_tile<BC, D, THREADS>(sV, gV, p.v_ss, k_valid, tid);
     cp_async_commit();
 
     /* this thread's key rows: row0 + 16 mt + 8 r of the block; kept by the key padding mask? */
@@ -293,8 +278,8 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
             const int buf = a.stages == 2 ? it & 1 : 0;
             const T *gQ = static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh + (seq.qo + q0) * p.q_ss;
             const T *gdO = static_cast<const T *>(g.dout) + b * g.do_sb + h * g.do_sh + (seq.qo + q0) * g.do_ss;
-            bwd_load_tile<BR, D, THREADS>(sQ + buf * BR * P, gQ, p.q_ss, rows, tid);
-            bwd_load_tile<BR, D, THREADS>(sdO + buf * BR * P, gdO, g.do_ss, rows, tid);
+            load_tile<BR, D, THREADS>(sQ + buf * BR * P, gQ, p.q_ss, rows, tid);
+            load_tile<BR, D, THREADS>(sdO + buf * BR * P, gdO, g.do_ss, rows, tid);
             if (tid < 2 * BR) { /* L and D, one float per thread (lse rows need not be 16-byte aligned); past the length: 0 */
                 const int part = tid / BR, r = tid % BR;
                 const float *src = part == 0 ? static_cast<const float *>(p.lse) + b * p.lse_sb + h * p.lse_sh + seq.qo + q0

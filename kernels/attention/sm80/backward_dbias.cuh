@@ -20,7 +20,7 @@ template <int D> struct fs_bwd_dbias_tile {
 template <int D, typename T> struct fs_bwd_dbias_smem {
     typedef fs_bwd_dbias_tile<D> tile;
     enum {
-        P = fs_bwd_pitch<D>::VALUE, TILE = 64 * P * (int)sizeof(T),
+        P = fs_pitch<D>::VALUE, TILE = 64 * P * (int)sizeof(T),
         Q = 0, DO = TILE, K = 2 * TILE, V = 3 * TILE, COLS = 4 * TILE, T5 = COLS + tile::WARPS * tile::BC * 4
     };
     static int bytes(int t5_n) { return T5 + 4 * t5_n; }
@@ -89,13 +89,13 @@ __global__ void __launch_bounds__(fs_bwd_dbias_tile<D>::THREADS) attention_bwd_d
                     const int k0 = kt * BC;
                     if (q0 >= seq.q_len || k0 >= seq.k_len || (p.causal && k0 > q0 + BR - 1)) continue; /* dS = 0 there */
                     __syncthreads(); /* every warp is done with the previous tiles */
-                    bwd_load_tile<BR, D, THREADS>(sQ, static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh + (int64_t)q0 * p.q_ss,
+                    load_tile<BR, D, THREADS>(sQ, static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh + (int64_t)q0 * p.q_ss,
                                                   p.q_ss, min(BR, seq.q_len - q0), tid);
-                    bwd_load_tile<BR, D, THREADS>(sdO, static_cast<const T *>(g.dout) + b * g.do_sb + h * g.do_sh +
+                    load_tile<BR, D, THREADS>(sdO, static_cast<const T *>(g.dout) + b * g.do_sb + h * g.do_sh +
                                                   (int64_t)q0 * g.do_ss, g.do_ss, min(BR, seq.q_len - q0), tid);
-                    bwd_load_tile<BC, D, THREADS>(sK, static_cast<const T *>(p.k) + b * p.k_sb + hkv * p.k_sh + (int64_t)k0 * p.k_ss,
+                    load_tile<BC, D, THREADS>(sK, static_cast<const T *>(p.k) + b * p.k_sb + hkv * p.k_sh + (int64_t)k0 * p.k_ss,
                                                   p.k_ss, min(BC, seq.k_len - k0), tid);
-                    bwd_load_tile<BC, D, THREADS>(sV, static_cast<const T *>(p.v) + b * p.v_sb + hkv * p.v_sh + (int64_t)k0 * p.v_ss,
+                    load_tile<BC, D, THREADS>(sV, static_cast<const T *>(p.v) + b * p.v_sb + hkv * p.v_sh + (int64_t)k0 * p.v_ss,
                                                   p.v_ss, min(BC, seq.k_len - k0), tid);
                     cp_async_commit();
                     cp_async_wait<0>();

@@ -31,7 +31,7 @@ template <int D> struct fs_bwd_dq_tile {
 template <int D, typename T> struct fs_bwd_dq_smem {
     typedef fs_bwd_dq_tile<D> tile;
     enum {
-        P = fs_bwd_pitch<D>::VALUE, Q = 0, DO = Q + tile::BR * P * (int)sizeof(T), KV = DO + tile::BR * P * (int)sizeof(T),
+        P = fs_pitch<D>::VALUE, Q = 0, DO = Q + tile::BR * P * (int)sizeof(T), KV = DO + tile::BR * P * (int)sizeof(T),
         STAGE = 2 * tile::BC * P * (int)sizeof(T), /* K_j then V_j */
         NDIAG = tile::BR + tile::BC - 1, DSP = tile::BC + 1, /* diagonals of a tile; dS row pitch (floats) */
         DS = KV + 2 * STAGE, DIAG = DS + tile::BR * DSP * 4, DBK = DIAG + NDIAG * 4, BSUM = DBK + NDIAG * 4,
@@ -101,14 +101,14 @@ __global__ void __launch_bounds__(fs_bwd_dq_tile<D>::THREADS) attention_bwd_dq_s
     const T *gdO = static_cast<const T *>(g.dout) + b * g.do_sb + h * g.do_sh + (seq.qo + q0) * g.do_ss;
     const T *gK = static_cast<const T *>(p.k) + b * p.k_sb + hkv * p.k_sh + seq.ko * p.k_ss;
     const T *gV = static_cast<const T *>(p.v) + b * p.v_sb + hkv * p.v_sh + seq.ko * p.v_ss;
-    bwd_load_tile<BR, D, THREADS>(sQ, gQ, p.q_ss, rows, tid);
-    bwd_load_tile<BR, D, THREADS>(sdO, gdO, g.do_ss, rows, tid);
+    load_tile<BR, D, THREADS>(sQ, gQ, p.q_ss, rows, tid);
+    load_tile<BR, D, THREADS>(sdO, gdO, g.do_ss, rows, tid);
     auto load_kv = [&](int j) { /* K_j, V_j into stage j & 1 (committed regardless) */
         if (j < n_kv) {
             T *st = sKV + (j & 1) * 2 * BC * P;
             const int k0 = j * BC, valid = min(BC, seq.k_len - k0);
-            bwd_load_tile<BC, D, THREADS>(st, gK + (int64_t)k0 * p.k_ss, p.k_ss, valid, tid);
-            bwd_load_tile<BC, D, THREADS>(st + BC * P, gV + (int64_t)k0 * p.v_ss, p.v_ss, valid, tid);
+            load_tile<BC, D, THREADS>(st, gK + (int64_t)k0 * p.k_ss, p.k_ss, valid, tid);
+            load_tile<BC, D, THREADS>(st + BC * P, gV + (int64_t)k0 * p.v_ss, p.v_ss, valid, tid);
         }
         cp_async_commit();
     };

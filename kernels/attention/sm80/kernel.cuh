@@ -31,6 +31,7 @@
 
 #include "attention/launchers.h"
 #include "attention/sm80/dispatch.h"
+#include "attention/sm80/tiles.cuh"
 #include "attention/rotary/rotary.cuh"
 #include "attention/sequence.cuh"
 #include "common/cuda_ptx.cuh"
@@ -77,9 +78,6 @@ template <int D, int V, bool FEAT> struct fs_tile_for : fs_tile<D, V> {};
 template <> struct fs_tile_for<32, FS_BIG, true> : fs_cfg<4, 2, 64, 3, 0> {};
 template <> struct fs_tile_for<64, FS_BIG, true> : fs_cfg<4, 2, 64, 3, 0> {};
 
-/* Shared-memory row pitch in elements: a multiple of 64 so the 16-byte-chunk XOR swizzle stays in-row. */
-template <int D> struct fs_pitch { enum { VALUE = D < 64 ? 64 : (D + 63) / 64 * 64 }; };
-
 #define FS_LIST_MAX 4096 /* KV tiles a key padding mask can compact in shared memory */
 #define FS_EXT_MAX (4 * FS_CUDA_T5_MAX + 4 * FS_LIST_MAX + 4 * 128 + 64) /* FEAT extras, bytes */
 
@@ -100,19 +98,6 @@ typedef struct {
     int ext_list, list_tiles;  /* key padding mask: visited KV tiles compacted here (and per-tile padded-key
                                   flags after them); 0 = visit all, mask per key */
 } fs_sm80_args;
-
-/* Async-copy ROWS x D elements (row stride in elements) into a swizzled tile; rows >= valid are zeroed. */
-template <int ROWS, int D, int THREADS, typename T>
-FS_DEV void load_tile(T *tile, const T *g, int64_t stride, int valid, int tid)
-{
-    constexpr int CH = D / 8;
-#pragma unroll
-    for (int i = tid; i < ROWS * CH; i += THREADS) {
-        const int r = i / CH, c = i % CH;
-        const bool ok = r < valid;
-        cp_async16(smem_addr(tile + swz<fs_pitch<D>::VALUE>(r, c * 8)), g + (ok ? r * stride + c * 8 : 0), ok);
-    }
-}
 
 /* ---- protein options (FEAT kernels only) ---- */
 

@@ -1,0 +1,26 @@
+/* Shared-memory tiles of the sm80 attention kernels (forward kernel.cuh, backward backward*.cuh): the row pitch and the
+ * asynchronous copy of a tile of head vectors into the 16-byte-chunk XOR swizzle (common/cuda_ptx.cuh's swz). */
+#ifndef FLASHSCI_ATTENTION_SM80_TILES_CUH
+#define FLASHSCI_ATTENTION_SM80_TILES_CUH
+
+#include <stdint.h>
+
+#include "common/cuda_ptx.cuh"
+
+/* Shared-memory row pitch in elements: a multiple of 64 so the 16-byte-chunk XOR swizzle stays in-row. */
+template <int D> struct fs_pitch { enum { VALUE = D < 64 ? 64 : (D + 63) / 64 * 64 }; };
+
+/* Async-copy ROWS x D elements (row stride in elements) into a swizzled tile; rows >= valid are zeroed. */
+template <int ROWS, int D, int THREADS, typename T>
+FS_DEV void load_tile(T *tile, const T *g, int64_t stride, int valid, int tid)
+{
+    constexpr int CH = D / 8;
+#pragma unroll
+    for (int i = tid; i < ROWS * CH; i += THREADS) {
+        const int r = i / CH, c = i % CH;
+        const bool ok = r < valid;
+        cp_async16(smem_addr(tile + swz<fs_pitch<D>::VALUE>(r, c * 8)), g + (ok ? r * stride + c * 8 : 0), ok);
+    }
+}
+
+#endif
