@@ -6,8 +6,9 @@
 
 patch() finds every EsmModel (ESM2: EsmModel, EsmForMaskedLM, ...) and every encoder T5Stack (ProtT5:
 T5EncoderModel, T5Model's encoder) inside model and gives it a forward that unpads the batch once, runs
-each layer on packed tokens with flashsci kernels and pads once at the end. Calls it does not cover
-(hidden states of every layer, attention maps, custom position ids, gradients) go to the stock forward,
+each layer on packed tokens with flashsci kernels and pads once at the end, for inference and for training (the
+attention backward is flashsci's; gradient checkpointing works). Calls it does not cover (hidden states of every
+layer, attention maps, custom position ids, dropout on the attention probabilities) go to the stock forward,
 whose attention is then flashsci's through transformers' attention-function registry
 (attn_implementation="fsci") when the installed transformers has one and the model has no decoder
 (T5Model / T5ForConditionalGeneration keep their stock attention; only their encoder stack is patched).
@@ -17,7 +18,7 @@ import types
 
 import torch
 
-from .. import _flashsci
+from .. import _flashsci, torch_ops
 from . import esm, t5
 
 # The registry name: transformers treats any name containing "flash" as a FlashAttention kernel to import.
@@ -27,11 +28,12 @@ NAME = "fsci"
 def _registry_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_bias=None,
                         **kwargs):
     """transformers AttentionInterface function: (B, H, S, D) in, (B, S, H, D) out, as sdpa's; the padding mask
-    comes as (B, Sk) from the mask function registered beside it, T5's position bias as an additive bias.
-    Where autograd or dropout is needed it hands over to transformers' sdpa (flashsci is forward only)."""
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    comes as (B, Sk) from the mask function registered beside it, T5's position bias as an additive bias. Where
+    autograd records, the differentiable torch op (flashsci.torch_ops.attention); attention dropout in training
+    mode, attention maps and bottom-right causal alignment hand over to transformers' sdpa."""
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, position_bias))
     causal = bool(getattr(module, "is_causal", False))
-    if needs_grad or (dropout > 0 and module.training) or kwargs.get("output_attentions") or \
+    if (dropout > 0 and module.training) or kwargs.get("output_attentions") or \
             (causal and query.shape[2] != key.shape[2]):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         if attention_mask is not None and attention_mask.dim() == 2:
@@ -39,8 +41,12 @@ def _registry_attention(module, query, key, value, attention_mask, scaling=None,
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       position_bias=position_bias, **kwargs)
     mask = None if attention_mask is None else attention_mask.bool()
-    out = _flashsci.attention(query, key, value, scale=scaling, key_padding_mask=mask, bias=position_bias,
-                              causal=causal and query.shape[2] > 1)
+    if grad:
+        out = torch_ops.attention(query, key, value, causal and query.shape[2] > 1, scaling, "bhsd", mask, None,
+                                  position_bias)
+    else:
+        out = _flashsci.attention(query, key, value, scale=scaling, key_padding_mask=mask, bias=position_bias,
+                                  causal=causal and query.shape[2] > 1)
     return out.transpose(1, 2), None
 
 

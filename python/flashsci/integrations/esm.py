@@ -1,9 +1,12 @@
 """ESM2 (HF transformers EsmModel) with flashsci: the batch is unpadded once after the embeddings, every layer
 runs on packed tokens (fused q/k/v GEMM, rotary applied inside the varlen attention kernel, GELU fused into
-fc1), and the result is padded once at the end."""
+fc1), and the result is padded once at the end. Training runs the same path with flashsci's attention backward
+(hidden dropout as the stock layers apply it, gradient checkpointing per layer); dropout on the attention
+probabilities (attention_probs_dropout_prob > 0 in training mode) takes the stock forward."""
 import torch
 
-from .packing import Packed, attention_packed, fuse_rows, linear, packed_linear, plain_gemm, returned, stock_needed
+from .packing import (Packed, attention_packed, fuse_rows, linear, packed_linear, plain_gemm, returned, run_layer,
+                      stock_needed)
 
 
 def prepare(model):
@@ -32,15 +35,15 @@ def layer_forward(layer, x, packed, rotary_base, plain):
     w, b = packed_linear([sa.query, sa.key, sa.value])
     qkv = plain(att.LayerNorm(x), w, b).view(T, 3, sa.num_attention_heads, sa.attention_head_size)
     a = attention_packed(qkv, packed, rotary_base=rotary_base)
-    x = plain(a.view(T, hidden), att.output.dense.weight, att.output.dense.bias).add_(x)
+    x = att.output.dropout(plain(a.view(T, hidden), att.output.dense.weight, att.output.dense.bias)).add_(x)
     f = linear(layer.LayerNorm(x), layer.intermediate.dense.weight, layer.intermediate.dense.bias, "gelu")
-    return plain(f, layer.output.dense.weight, layer.output.dense.bias).add_(x)
+    return layer.output.dropout(plain(f, layer.output.dense.weight, layer.output.dense.bias)).add_(x)
 
 
 def forward(model, stock_forward, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
             encoder_hidden_states=None, encoder_attention_mask=None, **kwargs):
     """EsmModel.forward on packed tokens; falls back to stock_forward for what it does not cover."""
-    if stock_needed(model, kwargs, position_ids, encoder_hidden_states):
+    if stock_needed(model, kwargs, position_ids, encoder_hidden_states, model.config.attention_probs_dropout_prob):
         return stock_forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              inputs_embeds=inputs_embeds, encoder_hidden_states=encoder_hidden_states,
                              encoder_attention_mask=encoder_attention_mask, **kwargs)
@@ -53,7 +56,7 @@ def forward(model, stock_forward, input_ids=None, attention_mask=None, position_
     rotary = float(getattr(cfg, "rope_theta", 10000.0)) if cfg.position_embedding_type == "rotary" else None
     x, plain = packed.x, plain_gemm(model)
     for layer in model.encoder.layer:
-        x = layer_forward(layer, x, packed, rotary, plain)
+        x = run_layer(model.encoder, layer, layer_forward, x, packed, rotary, plain)
     if model.encoder.emb_layer_norm_after is not None:
         x = model.encoder.emb_layer_norm_after(x)
     seq = packed.unpack(x)

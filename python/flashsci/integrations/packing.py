@@ -69,7 +69,11 @@ def adjacent(tensors):
 
 
 def packed_linear(linears):
-    """(weight, bias) of sibling layers as one [sum N, K] weight: the fused view, or a concatenation."""
+    """(weight, bias) of sibling layers as one [sum N, K] weight: the fused view, or a concatenation (always where
+    autograd records: the fused view is not a parameter, the concatenation passes the gradients to them)."""
+    if needs_grad(*(m.weight for m in linears)):
+        w = torch.cat([m.weight for m in linears])
+        return w, None if linears[0].bias is None else torch.cat([m.bias for m in linears])
     w = adjacent([m.weight for m in linears])
     if w is None:
         w = torch.cat([m.weight for m in linears])
@@ -79,21 +83,50 @@ def packed_linear(linears):
     return w, (b if b is not None else torch.cat([m.bias for m in linears]))
 
 
+# flashsci.linear's activations as torch functions, for calls that need autograd (flashsci.linear is forward only)
+TORCH_ACTIVATIONS = {None: lambda x: x, "relu": torch.relu, "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
+                     "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}
+
+
+def needs_grad(*tensors):
+    """Whether autograd records a call on these tensors (None entries ignored)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def linear(x, weight, bias=None, activation=None):
-    """flashsci.linear; the torch op while torch.compile traces (no graph break), else the C call (no dispatcher)."""
+    """act(x W^T + b): flashsci.linear, as the torch op while torch.compile traces (no graph break), else the C call
+    (no dispatcher); F.linear and the activation in torch where autograd records (flashsci.linear has no backward)."""
+    if needs_grad(x, weight, bias):
+        return TORCH_ACTIVATIONS[activation](torch.nn.functional.linear(x, weight, bias))
     if torch.compiler.is_compiling():
         return torch.ops.flashsci.linear(x, weight, bias, activation)
     return _flashsci.linear(x, weight, bias, activation=activation)
 
 
-def stock_needed(model, kwargs, position_ids, encoder_hidden_states):
+def stock_needed(model, kwargs, position_ids, encoder_hidden_states, attention_dropout=0.0):
     """Whether this call asks for something only the stock forward gives: per-layer outputs, attention maps,
-    custom positions, cross-attention, or gradients."""
+    custom positions, cross-attention, or dropout on the attention probabilities (training mode with a nonzero
+    rate: the kernels have none)."""
     cfg = model.config
     wants = any(kwargs[k] if kwargs.get(k) is not None else getattr(cfg, k, False)
                 for k in ("output_hidden_states", "output_attentions"))
-    grads = torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
-    return bool(wants or grads or cfg.is_decoder or position_ids is not None or encoder_hidden_states is not None)
+    dropout = model.training and attention_dropout > 0
+    return bool(wants or dropout or cfg.is_decoder or position_ids is not None or encoder_hidden_states is not None)
+
+
+def checkpointed(module, layer):
+    """Whether layer runs under gradient checkpointing (model.gradient_checkpointing_enable(), training mode): the
+    flag on the layer (transformers 5) or on its stack (4.x)."""
+    return layer.training and torch.is_grad_enabled() and bool(
+        getattr(layer, "gradient_checkpointing", False) or getattr(module, "gradient_checkpointing", False))
+
+
+def run_layer(module, layer, fn, *args):
+    """fn(layer, *args), through torch.utils.checkpoint where the layer is checkpointed (activations recomputed in
+    the backward instead of kept)."""
+    if checkpointed(module, layer):
+        return torch.utils.checkpoint.checkpoint(fn, layer, *args, use_reentrant=False)
+    return fn(layer, *args)
 
 
 def returned(module, out, kwargs):
@@ -111,7 +144,10 @@ def plain_gemm(module):
 
 
 def swiglu(x, w_gate, w_up=None):
-    """flashsci.swiglu, as linear() picks its entry point."""
+    """flashsci.swiglu, as linear() picks its entry point (torch where autograd records)."""
+    if needs_grad(x, w_gate, w_up):
+        gate, up = (x @ w_gate.t()).chunk(2, -1) if w_up is None else (x @ w_gate.t(), x @ w_up.t())
+        return torch.nn.functional.silu(gate) * up
     if torch.compiler.is_compiling():
         return torch.ops.flashsci.swiglu(x, w_gate, w_up)
     return _flashsci.swiglu(x, w_gate, w_up)
@@ -122,7 +158,7 @@ def attention_packed(qkv, packed, scale=None, rotary_base=None, t5=None):
     t5 = (table (H, buckets), buckets, max_distance, bidirectional) or None."""
     q, k, v = qkv.unbind(1)
     cu, n = packed.cu_seqlens, packed.max_seqlen
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or needs_grad(qkv, None if t5 is None else t5[0]):   # the differentiable op
         table, buckets, dist, bidir = t5 if t5 is not None else (None, 32, 128, True)
         return torch.ops.flashsci.attention_varlen(q, k, v, cu, cu, n, n, False, scale, table, buckets, dist, bidir,
                                                    rotary_base)

@@ -1,9 +1,11 @@
 """ProtT5 / T5 encoders (HF transformers T5Stack, as in T5EncoderModel) with flashsci: unpadded once, every
 block on packed tokens (fused q/k/v GEMM, the relative-position bias computed inside the varlen attention
-kernel from the (H, buckets) table, the activation fused into wi), padded once at the end."""
+kernel from the (H, buckets) table, the activation fused into wi), padded once at the end. Training runs the same
+path with flashsci's attention backward (the T5 table gets its gradient) where the dropout rate is 0; T5 applies its
+rate to the attention probabilities too, so training with dropout takes the stock forward."""
 import torch.nn.functional as F
 
-from .packing import (Packed, attention_packed, fuse_rows, linear, packed_linear, plain_gemm, returned,
+from .packing import (Packed, attention_packed, fuse_rows, linear, packed_linear, plain_gemm, returned, run_layer,
                       stock_needed, swiglu)
 
 # T5's dense_act_fn names → flashsci.linear activations (T5's "gelu" is the erf form, "gelu_new" the tanh one).
@@ -33,7 +35,7 @@ def feed_forward(ff, h, act, plain):
     elif act == "silu":
         g = swiglu(h, ff.wi_0.weight, ff.wi_1.weight)
     else:
-        g = linear(h, ff.wi_0.weight, None, act).mul_(plain(h, ff.wi_1.weight, None))
+        g = linear(h, ff.wi_0.weight, None, act) * plain(h, ff.wi_1.weight, None)
     return plain(g, ff.wo.weight, None)
 
 
@@ -55,7 +57,7 @@ def block_forward(block, x, packed, t5, act, plain):
 def forward(stack, stock_forward, input_ids=None, attention_mask=None, encoder_hidden_states=None,
             encoder_attention_mask=None, inputs_embeds=None, past_key_values=None, use_cache=None, **kwargs):
     """T5Stack.forward (encoder) on packed tokens; falls back to stock_forward for what it does not cover."""
-    if stock_needed(stack, kwargs, None, encoder_hidden_states) or use_cache:
+    if stock_needed(stack, kwargs, None, encoder_hidden_states, stack.config.dropout_rate) or use_cache:
         return stock_forward(input_ids=input_ids, attention_mask=attention_mask,
                              encoder_hidden_states=encoder_hidden_states, encoder_attention_mask=encoder_attention_mask,
                              inputs_embeds=inputs_embeds, past_key_values=past_key_values, use_cache=use_cache, **kwargs)
@@ -70,6 +72,6 @@ def forward(stack, stock_forward, input_ids=None, attention_mask=None, encoder_h
     act = ACTIVATIONS[stack.config.dense_act_fn]
     x, plain = packed.x, plain_gemm(stack)
     for block in stack.block:
-        x = block_forward(block, x, packed, t5, act, plain)
+        x = run_layer(stack, block, block_forward, x, packed, t5, act, plain)
     out = BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=packed.unpack(rms_norm(stack.final_layer_norm, x)))
     return returned(stack, out, kwargs)
