@@ -70,8 +70,10 @@ def run_train(out_dir, fasta=None, n_batches=5, batch_size=40):
         res = {}
         for variant in ("stock sdpa", "patched"):
             torch.manual_seed(0)
-            model = transformers.EsmForMaskedLM(transformers.EsmConfig(**cfg, attn_implementation="sdpa"))
-            model = model.cuda().bfloat16().train()
+            with torch.device("cuda"):
+                model = transformers.EsmForMaskedLM(transformers.EsmConfig(**cfg))
+            model.set_attn_implementation("sdpa")
+            model = model.bfloat16().train()
             if variant == "patched":
                 patch(model)
             res[variant] = time_steps(torch, model, batches)
