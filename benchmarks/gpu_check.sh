@@ -3,6 +3,7 @@
 # host overhead, benchmark.
 #   STEPS="build test sanitize benchtest host bench" BENCH_ARGS="--sets seed,protein,sweep" bash benchmarks/gpu_check.sh
 #   TEST_PATHS="tests/test_attention_backward_gpu.py" STEPS="build test" bash benchmarks/gpu_check.sh
+#   TEST_ARGS="-n 4": parallel test processes (8 can run one GPU out of memory)
 # Logs and results go under $OUT (the device tool brings them back); results also to benchmarks/results.
 set -uo pipefail
 cd "$(dirname "$0")/.."
