@@ -1,0 +1,50 @@
+"""Embedding one shard of records: long sequences cut into overlapping windows, everything in token-budget batches
+(flashsci.batching.token_batches, longest first, deterministic), and each record's per-residue embeddings and their
+mean assembled in shard order.
+
+Windows (ESM2: 1,022 residues): a sequence of L > W residues is embedded as the windows [s, s + W) for
+s = 0, W/2, W, ... while s + W < L, plus the last window [L - W, L); each residue's embedding is the mean over the
+windows that hold it, and the mean-pooled embedding the mean over residues of those.
+"""
+import torch
+
+from flashsci.batching import pad_batch, token_batches
+
+
+def windows(length, window):
+    """The (start, end) residue windows of a sequence: one window when it fits (or window is 0)."""
+    if window <= 0 or length <= window:
+        return [(0, length)]
+    step = max(1, window // 2)
+    starts = list(range(0, length - window, step)) + [length - window]
+    return [(s, s + window) for s in starts]
+
+
+def embed_shard(model, tokenize, fam, seqs, max_tokens, long_rule, per_residue, mean):
+    """For seqs (cleaned strings, non-empty): (list of per-residue (L, hidden) float32 CPU tensors or None, list of
+    mean (hidden,) float32 or None, list of chunked flags)."""
+    pieces, owner, kept = [], [], []   # forward items: text, (sequence index, start, end); residues kept per sequence
+    for i, s in enumerate(seqs):
+        spans = windows(len(s), fam.window if long_rule == "chunk" else 0)
+        if long_rule == "truncate" and fam.window and len(s) > fam.window:
+            spans = [(0, fam.window)]
+        kept.append(spans[-1][1])
+        for a, e in spans:
+            pieces.append(s[a:e])
+            owner.append((i, a, e))
+    tokens = tokenize(pieces)
+    device = next(model.parameters()).device
+    sums, counts = [None] * len(seqs), [None] * len(seqs)
+    with torch.inference_mode():
+        for batch in token_batches([len(t) for t in tokens], max_tokens):
+            ids, mask = (torch.from_numpy(a).to(device) for a in pad_batch([tokens[j] for j in batch], fam.pad_id))
+            hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state.float().cpu()
+            for r, j in enumerate(batch):
+                i, a, e = owner[j]
+                if sums[i] is None:
+                    sums[i], counts[i] = torch.zeros(kept[i], hidden.shape[2]), torch.zeros(kept[i], 1)
+                sums[i][a:e] += hidden[r, fam.head:fam.head + (e - a)]
+                counts[i][a:e] += 1
+    residues = [s / c for s, c in zip(sums, counts)]
+    chunked = [len(windows(len(s), fam.window)) > 1 and long_rule == "chunk" for s in seqs]
+    return (residues if per_residue else None), ([r.mean(0) for r in residues] if mean else None), chunked
