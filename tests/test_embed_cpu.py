@@ -118,6 +118,11 @@ def test_esm_end_to_end(esm_dir, tmp_path):
     import json
     manifest = json.load(open(os.path.join(out, "manifest.json")))
     assert len(manifest["shards"]) == 3 and manifest["options"]["pool"] == "both"
+    stock = str(tmp_path / "stock")   # the baseline: the stock model on the same batches
+    main([esm_dir, fasta, "-o", stock, "--shard-size", "3", "--max-tokens", "64", "--device", "cpu", "--no-patch"])
+    for k in range(3):
+        a, b = (load_file(os.path.join(d, f"shard-0000{k}.safetensors"))["mean"] for d in (out, stock))
+        assert (a - b).abs().max() <= 1e-4 * b.abs().max()
 
 
 def test_t5_mean_and_long_rules(t5_dir, esm_dir, tmp_path):

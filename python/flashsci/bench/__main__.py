@@ -9,6 +9,7 @@
     python -m flashsci.bench --sets backward      # attention backward vs SDPA's FlashAttention-2 and cuDNN backward
     python -m flashsci.bench --e2e                # HF ESM2 / ProtT5 stock vs patched, proteins/s
     python -m flashsci.bench --train              # a masked-LM fine-tuning step of ESM2-650M, stock vs patched
+    python -m flashsci.bench --embed              # flashsci-embed against the same job on the stock model
     python -m flashsci.bench --cpu --sets attention,linear --dtype float32
 
 With --out, each set writes <set>_<device>_<dtype>.json (metadata and rows), .md (the table) and .png (a plot; needs
@@ -52,6 +53,7 @@ def parse(argv):
     ap.add_argument("--cpu", action="store_true", help="run the CPU sets even when a GPU is present")
     ap.add_argument("--e2e", action="store_true", help="only the end-to-end model benchmark")
     ap.add_argument("--train", action="store_true", help="only the fine-tuning step benchmark")
+    ap.add_argument("--embed", action="store_true", help="only the flashsci-embed benchmark")
     ap.add_argument("--e2e-proteins", type=int, default=2000, help="proteins in the e2e sample")
     ap.add_argument("--e2e-models", default=None, help="comma-separated subset of ESM2-650M,ESM2-3B,ProtT5-XL")
     ap.add_argument("--e2e-layers", type=int, default=None, help="override the layer count (quick checks)")
@@ -72,6 +74,11 @@ def main(argv=None):
     """Run the chosen benchmark; returns its rows."""
     args = parse(argv)
     on_gpu = not args.cpu and gpu_ready()
+    if args.embed:
+        if not on_gpu:
+            sys.exit("python -m flashsci.bench: the embedding benchmark needs a CUDA GPU, torch and transformers")
+        from flashsci.bench.embedding import run_embed_bench
+        return run_embed_bench(args.out, args.fasta)
     if args.train:
         if not on_gpu:
             sys.exit("python -m flashsci.bench: the fine-tuning benchmark needs a CUDA GPU, torch and transformers")

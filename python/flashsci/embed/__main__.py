@@ -31,6 +31,8 @@ def parse(argv):
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default cuda when a GPU is there")
     ap.add_argument("--shard-size", type=int, default=1000, help="records per shard (default 1000)")
     ap.add_argument("--revision", default=None, help="model revision on the hub")
+    ap.add_argument("--no-patch", action="store_true",
+                    help="run the stock transformers model (sdpa, padded batches): the baseline for comparisons")
     args = ap.parse_args(argv)
     if args.max_tokens < 1 or args.shard_size < 1:
         ap.error("--max-tokens and --shard-size must be at least 1")
@@ -88,12 +90,12 @@ def main(argv=None):
     dtype = getattr(torch, DTYPES[args.dtype or ("bf16" if kind == "cuda" else "fp32")])
     rank, world, device = distributed(torch, kind)
     os.makedirs(args.out, exist_ok=True)
-    model, tokenize, fam, revision = models.load(args.model, device, dtype, args.revision)
+    model, tokenize, fam, revision = models.load(args.model, device, dtype, args.revision, patched=not args.no_patch)
     sizes, counts = plan.shard_sizes(args.fasta, args.shard_size)
     mine = plan.deal(sizes, world)[rank]
     todo = [k for k in mine if store.done(args.out, k) is None]
     options = {"pool": args.pool, "max_tokens": args.max_tokens, "dtype": str(dtype).replace("torch.", ""),
-               "long": args.long, "shard_size": args.shard_size}
+               "long": args.long, "shard_size": args.shard_size, "patched": not args.no_patch}
     meta = {"model": args.model, "revision": revision, "flashsci": flashsci.__version__, "options": options}
     progress = Progress(sum(counts[k] for k in todo), rank)
     for k, rows in plan.shard_records(args.fasta, args.shard_size, set(todo)):

@@ -17,9 +17,9 @@ class Family:
     alphabet: frozenset  # letters the model takes; others become X
 
 
-def load(name_or_dir, device, dtype, revision=None):
-    """(model on device in dtype, eval, patched where flashsci covers it; tokenize(list of str) -> list of id lists;
-    Family; the model's revision or None)."""
+def load(name_or_dir, device, dtype, revision=None, patched=True):
+    """(model on device in dtype, eval, patched (or stock with sdpa attention); tokenize(list of str) -> list of id
+    lists; Family; the model's revision or None)."""
     import transformers
     from flashsci.integrations import patch
     cfg = transformers.AutoConfig.from_pretrained(name_or_dir, revision=revision)
@@ -34,7 +34,11 @@ def load(name_or_dir, device, dtype, revision=None):
         prep = lambda s: " ".join(s)   # ProtT5's tokenizer takes residues separated by spaces (rare ones as X)
     else:
         raise ValueError(f"flashsci.embed runs ESM2 and T5-encoder (ProtT5) models, got model_type {cfg.model_type!r}")
-    model = patch(model.to(device=device, dtype=dtype).eval())
+    model = model.to(device=device, dtype=dtype).eval()
+    if patched:
+        patch(model)
+    else:
+        model.set_attn_implementation("sdpa")
 
     def tokenize(seqs):
         return tok([prep(s) for s in seqs], add_special_tokens=True)["input_ids"]
