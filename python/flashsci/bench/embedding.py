@@ -26,7 +26,7 @@ def run_embed_bench(out_dir, fasta=None, n=3000):
     transformers.EsmTokenizer(os.path.join(model_dir, "vocab.txt")).save_pretrained(model_dir)
     torch.manual_seed(0)
     with torch.device("cuda"):
-        transformers.EsmModel(transformers.EsmConfig(**CONFIG), add_pooling_layer=False).half().save_pretrained(model_dir)
+        transformers.EsmModel(transformers.EsmConfig(**CONFIG), add_pooling_layer=False).save_pretrained(model_dir)
     path, seqs = read_fasta(fasta)
     inp = os.path.join(tmp, "in.fasta")
     with open(inp, "w") as f:
@@ -37,10 +37,14 @@ def run_embed_bench(out_dir, fasta=None, n=3000):
     rows = []
     for variant, extra in (("stock", ["--no-patch"]), ("flashsci", [])):
         cmd = [sys.executable, "-m", "flashsci.embed", model_dir, inp, "--pool", "mean", "--dtype", "bf16", *extra]
-        subprocess.run(cmd[:4] + [warm] + cmd[5:] + ["-o", os.path.join(tmp, variant + "-warm")], check=True,
-                       capture_output=True)
+        run = lambda c: subprocess.run(c, capture_output=True, text=True)
+        r = run(cmd[:4] + [warm] + cmd[5:] + ["-o", os.path.join(tmp, variant + "-warm")])
+        if r.returncode:
+            raise RuntimeError(f"flashsci-embed ({variant}) failed:\n{r.stderr[-3000:]}")
         t0 = time.perf_counter()
-        subprocess.run(cmd + ["-o", os.path.join(tmp, variant)], check=True, capture_output=True)
+        r = run(cmd + ["-o", os.path.join(tmp, variant)])
+        if r.returncode:
+            raise RuntimeError(f"flashsci-embed ({variant}) failed:\n{r.stderr[-3000:]}")
         wall = time.perf_counter() - t0
         rows.append({"variant": variant, "proteins": n, "seconds": wall, "proteins/s": n / wall})
         print(f"{variant}: {n} proteins in {wall:.1f} s, {n / wall:.0f} proteins/s", flush=True)

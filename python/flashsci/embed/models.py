@@ -20,16 +20,19 @@ class Family:
 def load(name_or_dir, device, dtype, revision=None, patched=True):
     """(model on device in dtype, eval, patched (or stock with sdpa attention); tokenize(list of str) -> list of id
     lists; Family; the model's revision or None)."""
+    import torch
     import transformers
     from flashsci.integrations import patch
     cfg = transformers.AutoConfig.from_pretrained(name_or_dir, revision=revision)
     tok = transformers.AutoTokenizer.from_pretrained(name_or_dir, revision=revision)
     if cfg.model_type == "esm":
-        model = transformers.EsmModel.from_pretrained(name_or_dir, revision=revision, add_pooling_layer=False)
+        # float32 first: buffers computed at load time (ESM's rotary inv_freq) lose their small values in fp16
+        model = transformers.EsmModel.from_pretrained(name_or_dir, revision=revision, add_pooling_layer=False,
+                                                      dtype=torch.float32)
         fam = Family("esm", 1, 1, int(cfg.max_position_embeddings) - 2, int(cfg.pad_token_id), frozenset(RESIDUES))
         prep = lambda s: s
     elif cfg.model_type == "t5":
-        model = transformers.T5EncoderModel.from_pretrained(name_or_dir, revision=revision)
+        model = transformers.T5EncoderModel.from_pretrained(name_or_dir, revision=revision, dtype=torch.float32)
         fam = Family("t5", 0, 1, 0, int(cfg.pad_token_id), frozenset(RESIDUES - set("BUZO")))
         prep = lambda s: " ".join(s)   # ProtT5's tokenizer takes residues separated by spaces (rare ones as X)
     else:
