@@ -1,7 +1,7 @@
 /* Tensor-core flash attention backward for sm_80+ (mma.sync), fp16/bf16 in, fp32 accumulation: the main kernel, by
  * key block (FlashAttention-2's order). Passes around it (backward_passes.cu): Delta = rowsum(dO o O) and dQ's float32
  * accumulator zeroed before, dQ scaled, rotated back and converted after. Versions and measurements:
- * docs/notes/attention_sm80.md.
+ * docs/notes/attention_backward_sm80.md.
  *
  * Notation: a block owns the key tile K_j, V_j of Bc keys and visits the query tiles Q_i, dO_i of Br rows of every
  * query head that reads this K/V head (grouped-query attention sums there), with the forward's logsumexp L_i and
