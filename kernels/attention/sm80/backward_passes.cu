@@ -108,17 +108,24 @@ __global__ void __launch_bounds__(FS_PASS_THREADS) backward_post(const fs_pass_a
     *reinterpret_cast<uint4 *>(dq + (c + HALF) * 8) = out_hi;
 }
 
-/* Launch the pre-pass over every (row, head) of g, TPR threads a row. */
+/* Launch a pass kernel (prepared into handle) over every (row, head) of a, rows_per_block rows a block. */
+static cudaError_t launch_rows(const void *kernel, fs_kernel *handle, int rows_per_block, const fs_pass_args *a, int device,
+                               cudaStream_t stream)
+{
+    const long long blocks = ((long long)a->nb * a->S + rows_per_block - 1) / rows_per_block * a->g.p.H;
+    if (blocks == 0) return cudaSuccess;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    cudaError_t err = fs_kernel_prepare(kernel, handle, 0, device);
+    void *args[] = {const_cast<fs_pass_args *>(a)};
+    return err != cudaSuccess ? err : fs_launch(handle, device, (unsigned)blocks, FS_PASS_THREADS, 0, stream, args);
+}
+
+/* Launch the pre-pass, TPR threads a row. */
 template <int TPR, typename T>
 static cudaError_t launch_pre(const fs_pass_args *a, int device, cudaStream_t stream)
 {
     static fs_kernel handle;
-    const long long blocks = ((long long)a->nb * a->S + FS_PASS_THREADS / TPR - 1) / (FS_PASS_THREADS / TPR) * a->g.p.H;
-    if (blocks == 0) return cudaSuccess;
-    if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-    cudaError_t err = fs_kernel_prepare((const void *)backward_pre<TPR, T>, &handle, 0, device);
-    void *args[] = {const_cast<fs_pass_args *>(a)};
-    return err != cudaSuccess ? err : fs_launch(&handle, device, (unsigned)blocks, FS_PASS_THREADS, 0, stream, args);
+    return launch_rows((const void *)backward_pre<TPR, T>, &handle, FS_PASS_THREADS / TPR, a, device, stream);
 }
 
 template <typename T>
@@ -129,17 +136,12 @@ static cudaError_t launch_pre_dtype(const fs_pass_args *a, int device, cudaStrea
          : ch <= 16 ? launch_pre<16, T>(a, device, stream) : launch_pre<32, T>(a, device, stream);
 }
 
-/* Launch the post-pass over every (row, head) of g. */
+/* Launch the post-pass, D / 16 threads a row. */
 template <int D, typename T>
 static cudaError_t launch_post(const fs_pass_args *a, int device, cudaStream_t stream)
 {
     static fs_kernel handle;
-    const long long blocks = ((long long)a->nb * a->S + FS_PASS_THREADS / (D / 16) - 1) / (FS_PASS_THREADS / (D / 16)) * a->g.p.H;
-    if (blocks == 0) return cudaSuccess;
-    if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-    cudaError_t err = fs_kernel_prepare((const void *)backward_post<D, T>, &handle, 0, device);
-    void *args[] = {const_cast<fs_pass_args *>(a)};
-    return err != cudaSuccess ? err : fs_launch(&handle, device, (unsigned)blocks, FS_PASS_THREADS, 0, stream, args);
+    return launch_rows((const void *)backward_post<D, T>, &handle, FS_PASS_THREADS / (D / 16), a, device, stream);
 }
 
 template <typename T>

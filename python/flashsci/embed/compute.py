@@ -23,12 +23,13 @@ def windows(length, window):
 def embed_shard(model, tokenize, fam, seqs, max_tokens, long_rule, per_residue, mean):
     """For seqs (cleaned strings, non-empty): (list of per-residue (L, hidden) float32 CPU tensors or None, list of
     mean (hidden,) float32 or None, list of chunked flags)."""
-    pieces, owner, kept = [], [], []   # forward items: text, (sequence index, start, end); residues kept per sequence
-    for i, s in enumerate(seqs):
+    pieces, owner, kept, chunked = [], [], [], []   # forward items: text, (sequence, start, end); per sequence:
+    for i, s in enumerate(seqs):                    # residues kept, whether it was cut into windows
         spans = windows(len(s), fam.window if long_rule == "chunk" else 0)
         if long_rule == "truncate" and fam.window and len(s) > fam.window:
             spans = [(0, fam.window)]
         kept.append(spans[-1][1])
+        chunked.append(len(spans) > 1)
         for a, e in spans:
             pieces.append(s[a:e])
             owner.append((i, a, e))
@@ -46,5 +47,4 @@ def embed_shard(model, tokenize, fam, seqs, max_tokens, long_rule, per_residue, 
                 sums[i][a:e] += hidden[r, fam.head:fam.head + (e - a)]
                 counts[i][a:e] += 1
     residues = [s / c for s, c in zip(sums, counts)]
-    chunked = [len(windows(len(s), fam.window)) > 1 and long_rule == "chunk" for s in seqs]
     return (residues if per_residue else None), ([r.mean(0) for r in residues] if mean else None), chunked
