@@ -10,6 +10,7 @@
     python -m flashsci.bench --e2e                # HF ESM2 / ProtT5 stock vs patched, proteins/s
     python -m flashsci.bench --train              # a masked-LM fine-tuning step of ESM2-650M, stock vs patched
     python -m flashsci.bench --embed              # flashsci-embed against the same job on the stock model
+    python -m flashsci.bench --embed --embed-models "" --embed-gpus 1,2,4 --embed-resume   # scaling, kill-and-resume
     python -m flashsci.bench --cpu --sets attention,linear --dtype float32
 
 With --out, each set writes <set>_<device>_<dtype>.json (metadata and rows), .md (the table) and .png (a plot; needs
@@ -54,6 +55,10 @@ def parse(argv):
     ap.add_argument("--e2e", action="store_true", help="only the end-to-end model benchmark")
     ap.add_argument("--train", action="store_true", help="only the fine-tuning step benchmark")
     ap.add_argument("--embed", action="store_true", help="only the flashsci-embed benchmark")
+    ap.add_argument("--embed-models", default="ESM2-650M,ESM2-3B,ProtT5-XL",
+                    help="--embed: models for the one-GPU comparison (empty: none)")
+    ap.add_argument("--embed-gpus", default=None, help="--embed: GPU counts for the scaling run, e.g. 1,2,4")
+    ap.add_argument("--embed-resume", action="store_true", help="--embed: the kill-and-resume check")
     ap.add_argument("--e2e-proteins", type=int, default=2000, help="proteins in the e2e sample")
     ap.add_argument("--e2e-models", default=None, help="comma-separated subset of ESM2-650M,ESM2-3B,ProtT5-XL")
     ap.add_argument("--e2e-layers", type=int, default=None, help="override the layer count (quick checks)")
@@ -78,7 +83,9 @@ def main(argv=None):
         if not on_gpu:
             sys.exit("python -m flashsci.bench: the embedding benchmark needs a CUDA GPU, torch and transformers")
         from flashsci.bench.embedding import run_embed_bench
-        return run_embed_bench(args.out, args.fasta)
+        return run_embed_bench(args.out, args.fasta, [m for m in args.embed_models.split(",") if m],
+                               [int(g) for g in args.embed_gpus.split(",")] if args.embed_gpus else None,
+                               args.embed_resume)
     if args.train:
         if not on_gpu:
             sys.exit("python -m flashsci.bench: the fine-tuning benchmark needs a CUDA GPU, torch and transformers")

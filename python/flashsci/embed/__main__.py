@@ -78,6 +78,17 @@ class Progress:
             self.bar.close()
 
 
+def summary(torch, device, rank, progress, setup):
+    """One line on stderr: what this rank embedded, how fast (the embedding loop alone), set-up time, peak memory."""
+    import resource
+    host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20   # kB on Linux
+    dt = max(time.perf_counter() - progress.t0, 1e-9)
+    peak = f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else "n/a (CPU)"
+    print(f"flashsci-embed: rank {rank}: {progress.n} proteins, {progress.res} residues in {dt:.2f} s "
+          f"({progress.n / dt:.1f} proteins/s, {progress.res / dt:.0f} residues/s) after {setup:.2f} s set-up; "
+          f"peak GPU memory {peak}, peak host memory {host:.2f} GiB", file=sys.stderr, flush=True)
+
+
 def main(argv=None):
     args = parse(argv)
     import torch
@@ -88,6 +99,7 @@ def main(argv=None):
     if kind == "cuda" and not torch.cuda.is_available():
         sys.exit("flashsci-embed: --device cuda but torch sees no CUDA device")
     dtype = getattr(torch, DTYPES[args.dtype or ("bf16" if kind == "cuda" else "fp32")])
+    t_start = time.perf_counter()
     rank, world, device = distributed(torch, kind)
     os.makedirs(args.out, exist_ok=True)
     model, tokenize, fam, revision = models.load(args.model, device, dtype, args.revision, patched=not args.no_patch)
@@ -128,6 +140,7 @@ def main(argv=None):
         store.write_shard(args.out, k, tensors, list(zip(kept, lengths, chunked)), bad, meta)
         progress.update(len(seqs), sum(lengths))
     progress.close()
+    summary(torch, device, rank, progress, progress.t0 - t_start)
     if world > 1:
         torch.distributed.barrier()
     if rank == 0:

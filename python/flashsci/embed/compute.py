@@ -22,7 +22,8 @@ def windows(length, window):
 
 def embed_shard(model, tokenize, fam, seqs, max_tokens, long_rule, per_residue, mean):
     """For seqs (cleaned strings, non-empty): (list of per-residue (L, hidden) float32 CPU tensors or None, list of
-    mean (hidden,) float32 or None, list of chunked flags)."""
+    mean (hidden,) float32 or None, list of chunked flags). Means of whole sequences are pooled on the model's device
+    (only (batch, hidden) comes back); residue rows come back only for per-residue output and for windowed sequences."""
     pieces, owner, kept, chunked = [], [], [], []   # forward items: text, (sequence, start, end); per sequence:
     for i, s in enumerate(seqs):                    # residues kept, whether it was cut into windows
         spans = windows(len(s), fam.window if long_rule == "chunk" else 0)
@@ -35,16 +36,32 @@ def embed_shard(model, tokenize, fam, seqs, max_tokens, long_rule, per_residue, 
             owner.append((i, a, e))
     tokens = tokenize(pieces)
     device = next(model.parameters()).device
-    sums, counts = [None] * len(seqs), [None] * len(seqs)
+    rows, means, sums, counts = [None] * len(seqs), [None] * len(seqs), {}, {}
     with torch.inference_mode():
         for batch in token_batches([len(t) for t in tokens], max_tokens):
             ids, mask = (torch.from_numpy(a).to(device) for a in pad_batch([tokens[j] for j in batch], fam.pad_id))
-            hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state.float().cpu()
-            for r, j in enumerate(batch):
-                i, a, e = owner[j]
-                if sums[i] is None:
-                    sums[i], counts[i] = torch.zeros(kept[i], hidden.shape[2]), torch.zeros(kept[i], 1)
-                sums[i][a:e] += hidden[r, fam.head:fam.head + (e - a)]
-                counts[i][a:e] += 1
-    residues = [s / c for s, c in zip(sums, counts)]
-    return (residues if per_residue else None), ([r.mean(0) for r in residues] if mean else None), chunked
+            hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            spans = [owner[j] for j in batch]
+            n = torch.tensor([e - a for _, a, e in spans], device=device)
+            cols = torch.arange(hidden.shape[1], device=device)
+            keep = (cols >= fam.head) & (cols < fam.head + n[:, None])          # (B, S): each piece's residues
+            if mean and not per_residue:
+                # mean_i = sum over piece i's residues of h / n_i
+                vecs = ((hidden.float() * keep[..., None]).sum(1) / n[:, None]).cpu()
+            if per_residue or any(chunked[i] for i, _, _ in spans):
+                parts = hidden[keep].float().cpu().split(n.tolist())             # residue rows, piece by piece
+            for r, (i, a, e) in enumerate(spans):
+                if chunked[i]:
+                    if i not in sums:
+                        sums[i], counts[i] = torch.zeros(kept[i], hidden.shape[2]), torch.zeros(kept[i], 1)
+                    sums[i][a:e] += parts[r]
+                    counts[i][a:e] += 1
+                elif per_residue:
+                    rows[i] = parts[r]
+                else:
+                    means[i] = vecs[r]
+    for i in sums:
+        rows[i] = sums[i] / counts[i]        # each residue: the mean over the windows that hold it
+    if mean:
+        means = [m if m is not None else rows[i].mean(0) for i, m in enumerate(means)]
+    return (rows if per_residue else None), (means if mean else None), chunked
