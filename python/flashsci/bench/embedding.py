@@ -108,7 +108,7 @@ def scaling(tmp, seqs, gpus):
     fasta = write_fasta(os.path.join(tmp, "all.fasta"), seqs)
     rows = []
     for g in gpus:
-        wall, ranks = embed(folder, fasta, os.path.join(tmp, f"scaling-{g}"), gpus=g)
+        wall, ranks = embed(folder, fasta, os.path.join(tmp, f"scaling-{g}"), "--shard-size", "250", gpus=g)
         loop = max(r["loop s"] for r in ranks)
         rows.append({"gpus": g, "proteins": sum(r["proteins"] for r in ranks), "loop s": loop, "wall": wall,
                      "proteins/s": len(seqs) / loop, "GPU GiB": max(r["GPU GiB"] for r in ranks),
@@ -183,7 +183,8 @@ def run_embed_bench(out_dir, fasta=None, models=("ESM2-650M", "ESM2-3B", "ProtT5
     if gpus:
         rows = scaling(tmp, seqs, gpus)
         result["scaling"] = rows
-        md += ["", f"## Scaling: all {len(seqs)} proteins, ESM2-650M, torchrun with one process per GPU", "",
+        md += ["", f"## Scaling: all {len(seqs)} proteins, ESM2-650M, torchrun with one process per GPU (one process "
+               "without torchrun for 1), shards of 250 records", "",
                "| GPUs | slowest rank's embedding s | speedup | per-rank s | whole command s | speedup | peak GPU GiB "
                "per rank | peak host GiB |", "|---|---|---|---|---|---|---|---|"]
         md += [f"| {r['gpus']} | {r['loop s']:.1f} | {r['speedup']:.2f}x | {' / '.join(f'{x:.1f}' for x in r['rank loop s'])} | "

@@ -98,6 +98,8 @@ def main(argv=None):
     kind = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if kind == "cuda" and not torch.cuda.is_available():
         sys.exit("flashsci-embed: --device cuda but torch sees no CUDA device")
+    if kind == "cuda" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)   # the host side is small copies; as under torchrun, no thread pool to wake per op
     dtype = getattr(torch, DTYPES[args.dtype or ("bf16" if kind == "cuda" else "fp32")])
     t_start = time.perf_counter()
     rank, world, device = distributed(torch, kind)
