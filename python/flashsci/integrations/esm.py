@@ -5,8 +5,7 @@ fc1), and the result is padded once at the end. Training runs the same path with
 probabilities (attention_probs_dropout_prob > 0 in training mode) takes the stock forward."""
 import torch
 
-from .packing import (Packed, attention_packed, fuse_rows, linear, packed_linear, plain_gemm, returned, run_layer,
-                      stock_needed)
+from .packing import Packed, attention_packed, dense, fuse_rows, plain_gemm, project, returned, run_layer, stock_needed
 
 
 def prepare(model):
@@ -32,12 +31,11 @@ def layer_forward(layer, x, packed, rotary_base, plain):
     x += Wo · attn(rotary(q/√d), rotary(k), v) + bo with q, k, v = LN(x) · Wqkvᵀ + bqkv;  x += W2 · gelu(W1 · LN(x) + b1) + b2."""
     att, sa = layer.attention, layer.attention.self
     T, hidden = x.shape
-    w, b = packed_linear([sa.query, sa.key, sa.value])
-    qkv = plain(att.LayerNorm(x), w, b).view(T, 3, sa.num_attention_heads, sa.attention_head_size)
-    a = attention_packed(qkv, packed, rotary_base=rotary_base)
-    x = att.output.dropout(plain(a.view(T, hidden), att.output.dense.weight, att.output.dense.bias)).add_(x)
-    f = linear(layer.LayerNorm(x), layer.intermediate.dense.weight, layer.intermediate.dense.bias, "gelu")
-    return layer.output.dropout(plain(f, layer.output.dense.weight, layer.output.dense.bias)).add_(x)
+    qkv = project([sa.query, sa.key, sa.value], att.LayerNorm(x), plain)
+    a = attention_packed(qkv.view(T, 3, sa.num_attention_heads, sa.attention_head_size), packed, rotary_base=rotary_base)
+    x = att.output.dropout(dense(att.output.dense, a.view(T, hidden), plain)).add_(x)
+    f = dense(layer.intermediate.dense, layer.LayerNorm(x), plain, "gelu")
+    return layer.output.dropout(dense(layer.output.dense, f, plain)).add_(x)
 
 
 def forward(model, stock_forward, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,

@@ -39,9 +39,20 @@ class Packed:
         return out.reshape(B, S, *y.shape[1:])
 
 
+def is_plain(m):
+    """Whether m is a bare nn.Linear (its weight is all it computes); adapters (PEFT's LoRA layers) are not."""
+    return type(m) is torch.nn.Linear
+
+
+def base_linear(m):
+    """The nn.Linear under an adapter (PEFT layers' get_base_layer()), or m itself."""
+    return m.get_base_layer() if hasattr(m, "get_base_layer") else m
+
+
 def fuse_rows(linears):
-    """Make the weights (and biases) of sibling nn.Linear layers views of one packed [sum N, K] buffer, so one
-    GEMM computes all of them; the parameters keep their names, shapes and values."""
+    """Make the weights (and biases) of sibling nn.Linear layers (the base layers, under adapters) views of one packed
+    [sum N, K] buffer, so one GEMM computes all of them; the parameters keep their names, shapes and values."""
+    linears = [base_linear(m) for m in linears]
     for name in ("weight", "bias"):
         params = [getattr(m, name) for m in linears]
         if params[0] is None or adjacent(params) is not None:
@@ -101,6 +112,34 @@ def linear(x, weight, bias=None, activation=None):
     if torch.compiler.is_compiling():
         return torch.ops.flashsci.linear(x, weight, bias, activation)
     return _flashsci.linear(x, weight, bias, activation=activation)
+
+
+def project(mods, x, plain):
+    """x through sibling projections as one (total, sum N) result: one GEMM, plain(x, w, b), on their fused weights
+    when all are bare nn.Linear; else each module's own forward (adapters such as LoRA add their low-rank terms)."""
+    if all(is_plain(m) for m in mods):
+        w, b = packed_linear(mods)
+        return plain(x, w, b)
+    return torch.cat([m(x) for m in mods], -1)
+
+
+def dense(m, x, plain, activation=None):
+    """act(m(x)): for a bare nn.Linear, plain(x, W, b) or flashsci.linear with the activation fused; for an adapter,
+    its own forward and the activation in torch."""
+    if not is_plain(m):
+        return TORCH_ACTIVATIONS[activation](m(x))
+    if activation is None:
+        return plain(x, m.weight, m.bias)
+    return linear(x, m.weight, m.bias, activation)
+
+
+def gated(m_gate, m_up, x):
+    """silu(x W_gateᵀ) ⊙ (x W_upᵀ) (SwiGLU); m_up None: m_gate's weight holds the gate rows then the up rows. One
+    flashsci.swiglu for bare nn.Linear layers; the modules' own forwards under adapters."""
+    if is_plain(m_gate) and (m_up is None or is_plain(m_up)):
+        return swiglu(x, m_gate.weight, None if m_up is None else m_up.weight)
+    gate, up = m_gate(x).chunk(2, -1) if m_up is None else (m_gate(x), m_up(x))
+    return torch.nn.functional.silu(gate) * up
 
 
 def stock_needed(model, kwargs, position_ids, encoder_hidden_states, attention_dropout=0.0):

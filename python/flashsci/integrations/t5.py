@@ -5,8 +5,8 @@ path with flashsci's attention backward (the T5 table gets its gradient) where t
 rate to the attention probabilities too, so training with dropout takes the stock forward."""
 import torch.nn.functional as F
 
-from .packing import (Packed, attention_packed, fuse_rows, linear, packed_linear, plain_gemm, returned, run_layer,
-                      stock_needed, swiglu)
+from .packing import (Packed, attention_packed, dense, fuse_rows, gated, plain_gemm, project, returned, run_layer,
+                      stock_needed)
 
 # T5's dense_act_fn names → flashsci.linear activations (T5's "gelu" is the erf form, "gelu_new" the tanh one).
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -31,12 +31,12 @@ def rms_norm(norm, x):
 def feed_forward(ff, h, act, plain):
     """T5DenseActDense wo · act(wi · h), or the gated T5DenseGatedActDense wo · (act(wi_0 · h) ⊙ wi_1 · h)."""
     if hasattr(ff, "wi"):
-        g = linear(h, ff.wi.weight, None, act)
+        g = dense(ff.wi, h, plain, act)
     elif act == "silu":
-        g = swiglu(h, ff.wi_0.weight, ff.wi_1.weight)
+        g = gated(ff.wi_0, ff.wi_1, h)
     else:
-        g = linear(h, ff.wi_0.weight, None, act) * plain(h, ff.wi_1.weight, None)
-    return plain(g, ff.wo.weight, None)
+        g = dense(ff.wi_0, h, plain, act) * dense(ff.wi_1, h, plain)
+    return dense(ff.wo, g, plain)
 
 
 def block_forward(block, x, packed, t5, act, plain):
@@ -47,10 +47,9 @@ def block_forward(block, x, packed, t5, act, plain):
     sa = sa_layer.SelfAttention
     T = x.shape[0]
     h = rms_norm(sa_layer.layer_norm, x)
-    w, _ = packed_linear([sa.q, sa.k, sa.v])
-    qkv = plain(h, w, None).view(T, 3, sa.n_heads, sa.key_value_proj_dim)
+    qkv = project([sa.q, sa.k, sa.v], h, plain).view(T, 3, sa.n_heads, sa.key_value_proj_dim)
     a = attention_packed(qkv, packed, scale=1.0, t5=t5)
-    x = plain(a.view(T, sa.inner_dim), sa.o.weight, None).add_(x)
+    x = dense(sa.o, a.view(T, sa.inner_dim), plain).add_(x)
     return feed_forward(ff_layer.DenseReluDense, rms_norm(ff_layer.layer_norm, x), act, plain).add_(x)
 
 
