@@ -4,8 +4,8 @@
     model = EsmModel.from_pretrained(...).half().cuda().eval()
     patch(model)                 # same outputs, packed tokens, fused kernels; unpatch(model) undoes it
 
-patch() finds every EsmModel (ESM2: EsmModel, EsmForMaskedLM, ...) and every encoder T5Stack (ProtT5:
-T5EncoderModel, T5Model's encoder) inside model and gives it a forward that unpads the batch once, runs
+patch() finds every EsmModel (ESM2: EsmModel, EsmForMaskedLM, ...), every encoder T5Stack (ProtT5:
+T5EncoderModel, T5Model's encoder) and every ESMC (ESM-C, from the esm package) inside model and gives it a forward that unpads the batch once, runs
 each layer on packed tokens with flashsci kernels and pads once at the end, for inference and for training (the
 attention backward is flashsci's; gradient checkpointing works). Calls it does not cover (hidden states of every
 layer, attention maps, custom position ids, dropout on the attention probabilities) go to the stock forward,
@@ -14,12 +14,13 @@ whose attention is then flashsci's through transformers' attention-function regi
 (T5Model / T5ForConditionalGeneration keep their stock attention; only their encoder stack is patched).
 This module imports torch; `import flashsci` does not import it.
 """
+import sys
 import types
 
 import torch
 
 from .. import _flashsci, torch_ops
-from . import esm, t5
+from . import esm, esmc, t5
 
 # The registry name: transformers treats any name containing "flash" as a FlashAttention kernel to import.
 NAME = "fsci"
@@ -63,12 +64,16 @@ def register():
 
 
 def _targets(model):
-    """(module, fast forward, prepare) for every EsmModel and encoder T5Stack in model."""
+    """(module, fast forward, prepare) for every EsmModel, encoder T5Stack and ESMC (the esm package's, when it is
+    imported) in model."""
     from transformers.models.esm.modeling_esm import EsmModel
     from transformers.models.t5.modeling_t5 import T5Stack
+    esmc_module = sys.modules.get("esm.models.esmc")
     found = []
     for m in model.modules():
-        if isinstance(m, EsmModel):
+        if esmc_module is not None and isinstance(m, esmc_module.ESMC):
+            found.append((m, esmc.forward, esmc.prepare))
+        elif isinstance(m, EsmModel):
             found.append((m, esm.forward, esm.prepare))
         elif isinstance(m, T5Stack) and not m.config.is_decoder:
             found.append((m, t5.forward, t5.prepare))
@@ -88,7 +93,7 @@ def patch(model, plain_linear="torch"):
     targets = _targets(model)
     if not targets:
         raise TypeError(f"flashsci.integrations.patch takes HF transformers ESM (EsmModel, EsmForMaskedLM, ...) or T5 "
-                        f"encoder (T5EncoderModel, ...) models, got {type(model).__name__}")
+                        f"encoder (T5EncoderModel, ...) models, or the esm package's ESMC, got {type(model).__name__}")
     dtype = next(model.parameters()).dtype
     if next(model.parameters()).is_cuda and dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"flashsci runs CUDA models in float16 or bfloat16, got a {dtype} model (call .half() first)")
