@@ -73,3 +73,40 @@ def test_t5_encoder_step_with_the_table():
     got = param_grads(fused, loss)
     assert "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight" in got
     compare(param_grads(ref, loss), param_grads(stock, loss), got)
+
+
+def test_esm_lora_step():
+    """LoRA (PEFT, rank 8) on a patched ESM2: the adapters' gradients within 2x stock bf16's error."""
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    cfg = EsmConfig(vocab_size=33, hidden_size=320, num_hidden_layers=3, num_attention_heads=20, intermediate_size=1280,
+                    position_embedding_type="rotary", pad_token_id=1, mask_token_id=32, token_dropout=True,
+                    max_position_embeddings=1026, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ref = peft.get_peft_model(EsmForMaskedLM(cfg).cuda(), peft.LoraConfig(
+        r=8, lora_alpha=16, target_modules=["query", "key", "value", "dense"]))
+    for n, p in ref.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.02)
+    ref.train()
+    stock, fused = copy.deepcopy(ref).bfloat16(), patch(copy.deepcopy(ref).bfloat16())
+    ids, mask = lengths_batch([120, 377, 33, 250], (4, 30), 1, mask_token=32)
+    labels = ids.masked_fill(mask == 0, -100)
+    loss = lambda m: m(input_ids=ids, attention_mask=mask, labels=labels).loss
+    got = param_grads(fused, loss)
+    assert got and all("lora_" in n for n in got)
+    compare(param_grads(ref, loss), param_grads(stock, loss), got)
+
+
+def test_esmc_step():
+    """ESM-C (the esm package's ESMC, 4 blocks of ESM-C-600M's head shape): every gradient within 2x stock bf16's."""
+    esmc_module = pytest.importorskip("esm.models.esmc")
+    from esm.tokenization import get_esmc_model_tokenizers
+    torch.manual_seed(0)
+    ref = esmc_module.ESMC(d_model=512, n_heads=8, n_layers=4, tokenizer=get_esmc_model_tokenizers(),
+                           use_flash_attn=False).cuda().train()
+    stock, fused = copy.deepcopy(ref).bfloat16(), patch(copy.deepcopy(ref).bfloat16())
+    ids, mask = lengths_batch([120, 377, 33, 250], (4, 30), 1, mask_token=32)
+    labels = ids.masked_fill(mask == 0, -100)
+    loss = lambda m: torch.nn.functional.cross_entropy(
+        m(sequence_tokens=ids).sequence_logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+    compare(param_grads(ref, loss), param_grads(stock, loss), param_grads(fused, loss))

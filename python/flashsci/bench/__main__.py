@@ -8,7 +8,7 @@
     python -m flashsci.bench --sets linear        # fused linear / SwiGLU vs torch GEMMs
     python -m flashsci.bench --sets backward      # attention backward vs SDPA's FlashAttention-2 and cuDNN backward
     python -m flashsci.bench --e2e                # HF ESM2 / ProtT5 stock vs patched, proteins/s
-    python -m flashsci.bench --train              # a masked-LM fine-tuning step of ESM2-650M, stock vs patched
+    python -m flashsci.bench --train              # masked-LM fine-tuning steps (ESM2, ProtT5, ESM-C, LoRA), stock vs patched
     python -m flashsci.bench --embed              # flashsci-embed against the same job on the stock model
     python -m flashsci.bench --embed --embed-models "" --embed-gpus 1,2,4 --embed-resume   # scaling, kill-and-resume
     python -m flashsci.bench --cpu --sets attention,linear --dtype float32
@@ -55,10 +55,12 @@ def parse(argv):
     ap.add_argument("--e2e", action="store_true", help="only the end-to-end model benchmark")
     ap.add_argument("--train", action="store_true", help="only the fine-tuning step benchmark")
     ap.add_argument("--embed", action="store_true", help="only the flashsci-embed benchmark")
-    ap.add_argument("--embed-models", default="ESM2-650M,ESM2-3B,ProtT5-XL",
+    ap.add_argument("--embed-models", default="ESM2-650M,ESM2-3B,ProtT5-XL,ESM-C-600M",
                     help="--embed: models for the one-GPU comparison (empty: none)")
     ap.add_argument("--embed-gpus", default=None, help="--embed: GPU counts for the scaling run, e.g. 1,2,4")
     ap.add_argument("--embed-resume", action="store_true", help="--embed: the kill-and-resume check")
+    ap.add_argument("--train-models", default="", help="--train: comma-separated subset of "
+                    "ESM2-650M,ESM2-3B,ProtT5-XL,ESM-C-600M,ESM2-650M LoRA r8 (default all)")
     ap.add_argument("--e2e-proteins", type=int, default=2000, help="proteins in the e2e sample")
     ap.add_argument("--e2e-models", default=None, help="comma-separated subset of ESM2-650M,ESM2-3B,ProtT5-XL")
     ap.add_argument("--e2e-layers", type=int, default=None, help="override the layer count (quick checks)")
@@ -90,7 +92,7 @@ def main(argv=None):
         if not on_gpu:
             sys.exit("python -m flashsci.bench: the fine-tuning benchmark needs a CUDA GPU, torch and transformers")
         from flashsci.bench.train import run_train
-        return run_train(args.out, args.fasta)
+        return run_train(args.out, args.fasta, models=[m for m in args.train_models.split(",") if m] or None)
     if args.e2e:
         if not on_gpu:
             sys.exit("python -m flashsci.bench: the end-to-end benchmark needs a CUDA GPU, torch and transformers")

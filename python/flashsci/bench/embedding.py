@@ -38,12 +38,18 @@ def t5_tokenizer():
 
 
 def save_model(name, folder):
-    """MODELS[name] (ESM2 or ProtT5) with random weights, in bf16, and a tokenizer, saved to folder."""
+    """MODELS[name] (ESM2, ProtT5 or ESM-C) with random weights, in bf16, and a tokenizer, saved to folder."""
     import torch
     import transformers
     kind, cfg = MODELS[name]
     os.makedirs(folder, exist_ok=True)
     torch.manual_seed(0)
+    if kind == "esmc":
+        from esm.models.esmc import ESMC
+        from esm.tokenization import get_esmc_model_tokenizers
+        from flashsci.embed.models import save_esmc
+        save_esmc(ESMC(1152, 18, 36, get_esmc_model_tokenizers()).bfloat16(), folder)   # ESM-C 600M's shape
+        return folder
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         if kind == "esm":
             model = transformers.EsmModel(transformers.EsmConfig(**cfg), add_pooling_layer=False)
@@ -155,12 +161,12 @@ def resume(tmp, seqs, n=3000, kills=3, seed=0):
             "identical": same}
 
 
-def run_embed_bench(out_dir, fasta=None, models=("ESM2-650M", "ESM2-3B", "ProtT5-XL"), gpus=None, resume_check=False,
+def run_embed_bench(out_dir, fasta=None, models=("ESM2-650M", "ESM2-3B", "ProtT5-XL", "ESM-C-600M"), gpus=None, resume_check=False,
                     n=None):
     import torch
     import transformers
     path, seqs = read_fasta(fasta)
-    n = dict({"ESM2-650M": 6000, "ESM2-3B": 3000, "ProtT5-XL": 3000}, **(n or {}))
+    n = dict({"ESM2-650M": 6000, "ESM2-3B": 3000, "ProtT5-XL": 3000, "ESM-C-600M": 6000}, **(n or {}))
     tmp = tempfile.mkdtemp(prefix="flashsci-embed-")
     props = torch.cuda.get_device_properties(0)
     meta = {"gpu": props.name, "gpus": torch.cuda.device_count(), "torch": torch.__version__,
