@@ -9,6 +9,7 @@
     python -m flashsci.bench --sets backward      # attention backward vs SDPA's FlashAttention-2 and cuDNN backward
     python -m flashsci.bench --e2e                # HF ESM2 / ProtT5 stock vs patched, proteins/s
     python -m flashsci.bench --train              # masked-LM fine-tuning steps (ESM2, ProtT5, ESM-C, LoRA), stock vs patched
+    python -m flashsci.bench --lm-grid            # the profiling study's LM grid: naive / SDPA / flashsci attention
     python -m flashsci.bench --train-curve        # 200-step masked-LM loss curves, stock vs patched, three seeds
     python -m flashsci.bench --embed              # flashsci-embed against the same job on the stock model
     python -m flashsci.bench --embed --embed-models "" --embed-gpus 1,2,4 --embed-resume   # scaling, kill-and-resume
@@ -56,6 +57,9 @@ def parse(argv):
     ap.add_argument("--e2e", action="store_true", help="only the end-to-end model benchmark")
     ap.add_argument("--train", action="store_true", help="only the fine-tuning step benchmark")
     ap.add_argument("--train-curve", action="store_true", help="only the 200-step loss curves, stock vs patched")
+    ap.add_argument("--lm-grid", action="store_true", help="only the transformer-LM grid (sizes x context x attention)")
+    ap.add_argument("--lm-sizes", default=None, help="--lm-grid: comma-separated subset of small,medium,large,xl,2.7B")
+    ap.add_argument("--lm-contexts", default=None, help="--lm-grid: comma-separated contexts (default 128..4096)")
     ap.add_argument("--embed", action="store_true", help="only the flashsci-embed benchmark")
     ap.add_argument("--embed-models", default="ESM2-650M,ESM2-3B,ProtT5-XL,ESM-C-600M",
                     help="--embed: models for the one-GPU comparison (empty: none)")
@@ -90,6 +94,12 @@ def main(argv=None):
         return run_embed_bench(args.out, args.fasta, [m for m in args.embed_models.split(",") if m],
                                [int(g) for g in args.embed_gpus.split(",")] if args.embed_gpus else None,
                                args.embed_resume)
+    if args.lm_grid:
+        if not on_gpu:
+            sys.exit("python -m flashsci.bench: the LM grid needs a CUDA GPU and torch")
+        from flashsci.bench.lm_grid import run_lm_grid
+        return run_lm_grid(args.out, args.lm_sizes.split(",") if args.lm_sizes else None,
+                           [int(c) for c in args.lm_contexts.split(",")] if args.lm_contexts else None)
     if args.train_curve:
         if not on_gpu:
             sys.exit("python -m flashsci.bench: the loss-curve benchmark needs a CUDA GPU, torch and transformers")

@@ -1,0 +1,211 @@
+"""The transformer-LM grid of the profiling study (python -m flashsci.bench --lm-grid): the five sizes of
+bench/models/lm.py × context 128…4096, batch 4, bf16, each with naive, SDPA and flashsci attention. Per cell: the
+inference forward (no grad) and one training step (forward, backward, AdamW) — median of 3 after a warm-up — the
+step's peak memory under an 80 GB H100's limit (torch's per-process memory fraction), out-of-memory cells, and one
+profiled forward and step (flashsci.profile): GEMM fraction per pass, dominant kernel and top non-GEMM kernel,
+attention's share of the step, and inside the naive attention the softmax's time against its two matmuls'."""
+import gc
+import statistics
+import time
+
+from flashsci.bench.models.lm import ATTENTION, SIZES, VOCAB, LM
+from flashsci.bench.results import slug, write_results
+
+CONTEXTS = (128, 256, 512, 1024, 2048, 4096)
+BATCH = 4
+H100_GIB = 79.1       # what torch reports as an 80 GB H100's total memory
+
+
+def median_ms(torch, fn, n=3):
+    """Median wall ms of n synchronized calls of fn after one warm-up call."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def passes(trace):
+    """Per pass (inference, forward, backward, optimizer): GEMM fraction, dominant kernel, top non-GEMM kernel."""
+    from flashsci.profile.categories import category
+    from flashsci.profile.report import select, summary
+    if not trace.kernels:
+        return None       # the profiler saw no CUDA activity (CUPTI unavailable)
+    out = {}
+    for label in ("inference", "forward", "backward", "optimizer"):
+        s = summary(trace, label, top=40)
+        if not s["kernels"]:
+            continue
+        non_gemm = [t for t in s["top"] if category(t[0]) != "gemm"]
+        out[label] = {"ms": s["total_ms"], "gemm_fraction": s["gemm_fraction"], "categories": s["categories"],
+                      "dominant": s["top"][0][0], "top_non_gemm": non_gemm[0][0] if non_gemm else None,
+                      "conversions": s["conversions"]}
+    kernels, _ = select(trace, "inference", within="attention")
+    cat = lambda c: sum(k["us"] for k in kernels if k["category"] == c) / 1e3
+    out["inference attention"] = {"ms": sum(k["us"] for k in kernels) / 1e3, "softmax_ms": cat("softmax"),
+                                  "matmul_ms": cat("gemm"), "fused_ms": cat("attention")}
+    return out
+
+
+def cell(torch, size, ctx, attention):
+    """One cell's row; out-of-memory marks the phase that ran out."""
+    from flashsci.profile.trace import capture
+    rf = torch.profiler.record_function
+    row = {"size": size, "context": ctx, "attention": attention}
+    model = opt = None
+    try:
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = LM(size, attention)
+        model = model.bfloat16()
+        ids = torch.randint(VOCAB, (BATCH, ctx + 1), device="cuda")
+        with torch.no_grad():
+            row["forward ms"] = median_ms(torch, lambda: model(ids[:, :-1]))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step():
+            with rf("forward"):
+                loss = model.loss(ids)
+            with rf("backward"):
+                loss.backward()
+            with rf("optimizer"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        row["step ms"] = median_ms(torch, step)
+        row["peak GiB"] = torch.cuda.max_memory_allocated() / 2**30
+
+        def profiled():
+            with torch.no_grad(), rf("inference"):
+                model(ids[:, :-1])
+            step()
+        _, trace = capture(profiled)
+        row["profile"] = passes(trace)
+    except torch.OutOfMemoryError:
+        row["oom"] = "forward" if "forward ms" not in row else "training step"
+    finally:
+        model = opt = None
+        gc.collect()
+        torch.cuda.empty_cache()
+    return row
+
+
+def run_lm_grid(out_dir, sizes=None, contexts=None):
+    import torch
+    props = torch.cuda.get_device_properties(0)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, H100_GIB * 2**30 / props.total_memory))
+    rows = []
+    for size in sizes or SIZES:
+        for ctx in contexts or CONTEXTS:
+            for attention in ATTENTION:
+                r = cell(torch, size, ctx, attention)
+                rows.append(r)
+                print(f"{size:6s} {ctx:5d} {attention:8s} " + (f"out of memory ({r['oom']})" if "oom" in r else
+                      f"forward {r['forward ms']:8.2f} ms  step {r['step ms']:8.2f} ms  peak {r['peak GiB']:5.1f} GiB"),
+                      flush=True)
+    meta = {"gpu": props.name, "torch": torch.__version__, "batch": BATCH, "memory limit GiB": H100_GIB,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if out_dir:
+        stem = f"lm_grid_{slug(props.name)}_bfloat16"
+        write_results(out_dir, stem, meta, rows, markdown(meta, rows))
+        plot(out_dir, stem, rows)
+    return rows
+
+
+def get(rows, size, ctx, attention):
+    return next((r for r in rows if r["size"] == size and r["context"] == ctx and r["attention"] == attention), None)
+
+
+def fmt_ms(r, key):
+    return "OOM" if r is None or "oom" in r and key not in r else f"{r[key]:.1f}" if key in r else "OOM"
+
+
+def markdown(meta, rows):
+    sizes = list(dict.fromkeys(r["size"] for r in rows))
+    ctxs = sorted({r["context"] for r in rows})
+    md = [f"# Transformer-LM grid — {meta['gpu']}", "",
+          f"torch {meta['torch']}, bf16 weights, batch {meta['batch']}, AdamW; memory capped at {meta['memory limit GiB']} "
+          "GiB (an 80 GB H100). Forward: inference, no grad. Step: forward + backward + optimizer. Median of 3 after a "
+          "warm-up. OOM: out of memory under the cap.", "",
+          "## Time (ms) and flashsci's speedup over SDPA", "",
+          "| size | context | forward naive / SDPA / flashsci | speedup | step naive / SDPA / flashsci | speedup | "
+          "peak GiB naive / SDPA / flashsci |", "|---|---|---|---|---|---|---|"]
+    for size in sizes:
+        for ctx in ctxs:
+            n, s, f = (get(rows, size, ctx, a) for a in ATTENTION)
+            sp = lambda k: (f"{s[k] / f[k]:.2f}x" if s and f and k in s and k in f else "—")
+            md.append(f"| {size} | {ctx} | {fmt_ms(n, 'forward ms')} / {fmt_ms(s, 'forward ms')} / {fmt_ms(f, 'forward ms')} "
+                      f"| {sp('forward ms')} | {fmt_ms(n, 'step ms')} / {fmt_ms(s, 'step ms')} / {fmt_ms(f, 'step ms')} | "
+                      f"{sp('step ms')} | {fmt_ms(n, 'peak GiB')} / {fmt_ms(s, 'peak GiB')} / {fmt_ms(f, 'peak GiB')} |")
+    md += ["", "## Inside the attention (inference forward, kernel ms from the profile)", "",
+           "Naive: the softmax's time against the two matmuls' (q·kᵀ and p·v); flashsci: its whole fused attention "
+           "against the naive softmax + matmuls.", "",
+           "| size | context | naive softmax ms | naive matmul ms | softmax / matmul | flashsci attention ms | "
+           "vs naive softmax + matmul | attention share of the step: SDPA / flashsci |", "|---|---|---|---|---|---|---|---|"]
+    for size in sizes:
+        for ctx in ctxs:
+            n, s, f = (get(rows, size, ctx, a) for a in ATTENTION)
+            na = (n.get("profile") or {}).get("inference attention") if n else None
+            fa = (f.get("profile") or {}).get("inference attention") if f else None
+
+            def share(r):
+                if not r or not r.get("profile"):
+                    return "—"
+                tot = sum(r["profile"][p]["ms"] for p in ("forward", "backward", "optimizer") if p in r["profile"])
+                att = sum(r["profile"][p]["categories"]["attention"] for p in ("forward", "backward") if p in r["profile"])
+                return f"{100 * att / tot:.0f}%" if tot else "—"
+            if na:
+                ratio = f"{na['softmax_ms'] / na['matmul_ms']:.0%}" if na["matmul_ms"] else "—"
+                fused = (f"{fa['fused_ms']:.2f} | {(na['softmax_ms'] + na['matmul_ms']) / fa['fused_ms']:.1f}x faster"
+                         if fa and fa["fused_ms"] else "— | —")
+                md.append(f"| {size} | {ctx} | {na['softmax_ms']:.2f} | {na['matmul_ms']:.2f} | {ratio} | {fused} | "
+                          f"{share(s)} / {share(f)} |")
+            else:
+                md.append(f"| {size} | {ctx} | OOM | OOM | — | {fa['fused_ms']:.2f} | — | {share(s)} / {share(f)} |"
+                          if fa else f"| {size} | {ctx} | OOM | OOM | — | — | — | {share(s)} / {share(f)} |")
+    md += ["", "## GEMM fraction per pass and the top non-GEMM kernel (SDPA / flashsci)", "",
+           "| size | context | inference | training forward | training backward | top non-GEMM kernel, flashsci backward |",
+           "|---|---|---|---|---|---|"]
+    for size in sizes:
+        for ctx in ctxs:
+            s, f = get(rows, size, ctx, "sdpa"), get(rows, size, ctx, "flashsci")
+            if not (s and f and s.get("profile") and f.get("profile")):
+                continue
+            frac = lambda p: f"{100 * s['profile'][p]['gemm_fraction']:.0f}% / {100 * f['profile'][p]['gemm_fraction']:.0f}%"
+            top = (f["profile"]["backward"]["top_non_gemm"] or "—")[:60].replace("|", "/")
+            md.append(f"| {size} | {ctx} | {frac('inference')} | {frac('forward')} | {frac('backward')} | `{top}` |")
+    return "\n".join(md) + "\n"
+
+
+def plot(out_dir, stem, rows):
+    """Training-step speedup of flashsci over SDPA against context, one line per size."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    import os
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, size in enumerate(dict.fromkeys(r["size"] for r in rows)):
+        pts = []
+        for ctx in sorted({r["context"] for r in rows}):
+            s, f = get(rows, size, ctx, "sdpa"), get(rows, size, ctx, "flashsci")
+            if s and f and "step ms" in s and "step ms" in f:
+                pts.append((ctx, s["step ms"] / f["step ms"]))
+        if pts:
+            ax.plot(*zip(*pts), "o-", color=f"C{i}", label=size)
+    ax.set_xscale("log", base=2)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("context")
+    ax.set_ylabel("training step: SDPA time / flashsci time")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, stem + ".png"), dpi=120)
+    plt.close(fig)
