@@ -40,7 +40,8 @@ def test_category_rules(name, expected):
 
 def trace_events():
     """Host: forward [0, 100] holding attention [10, 20], backward [100, 200]; four launches; two kernels, a memcpy and a
-    memset; a Half <- float copy_ inside forward, a float <- float copy_ and a float <- Half copy_ inside backward."""
+    memset; a Half <- float copy_ inside forward, a float <- float, a float <- Half and two integer / bool copy_ calls
+    inside backward (only the float conversions count)."""
     k = lambda corr, name, dur, cat="kernel": {"cat": cat, "name": name, "ts": 1000 + corr, "dur": dur,
                                                  "args": {"correlation": corr}}
     launch = lambda corr, ts: {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 1,
@@ -55,7 +56,8 @@ def trace_events():
         k(1, "cunn_SoftMaxForward<4, c10::Half>", 30.0), k(2, "nvjet_tst_64x8_64x16_4x1_v_bz_TNT", 50.0),
         k(3, "Memcpy DtoD (Device -> Device)", 4.0, "gpu_memcpy"), k(4, "Memset (Device)", 2.0, "gpu_memset"),
         copy(30, ["c10::Half", "float", "Scalar"]), copy(120, ["float", "float", "Scalar"]),
-        copy(130, ["float", "c10::Half", "Scalar"]),
+        copy(130, ["float", "c10::Half", "Scalar"]), copy(140, ["int", "long int", "Scalar"]),
+        copy(145, ["bool", "long int", "Scalar"]),
     ]
 
 

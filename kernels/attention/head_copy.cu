@@ -95,10 +95,10 @@ static fs_head_copy side_copy(const fs_attn_params *p, int query_side, const voi
     return c;
 }
 
-extern "C" cudaError_t fs_attention_forward_padded(const fs_attn_params *p, int device, cudaStream_t stream,
+extern "C" cudaError_t fs_attention_forward_padded(const fs_attn_params *p, int Dp, int device, cudaStream_t stream,
                                                    cudaError_t (*run)(const fs_attn_params *p, void *ctx), void *ctx)
 {
-    const int Dp = fs_attention_run_dim(p->D), Hkv = fs_kv_heads(p), packed = p->cu_seqlens_q != NULL;
+    const int Hkv = fs_kv_heads(p), packed = p->cu_seqlens_q != NULL;
     const size_t rows_q = packed ? (size_t)p->total_q : (size_t)p->B * p->Sq, rows_k = packed ? (size_t)p->total_k : (size_t)p->B * p->Sk;
     const size_t n_q = rows_q * p->H * Dp, n_k = rows_k * Hkv * Dp;
     char *buf = NULL;

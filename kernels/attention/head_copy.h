@@ -33,9 +33,9 @@ int fs_attention_run_dim(int D);
 /* Launch one copy (dtype fp16 or bf16) on stream; device is current. */
 cudaError_t fs_head_copy_launch(const fs_head_copy *c, fs_dtype dtype, int device, cudaStream_t stream);
 
-/* The forward of p (a head dim without its own kernel) at fs_attention_run_dim(p->D): q, k, v copied (rotated) into
- * stream-ordered scratch, run(padded problem, ctx), the output's first D columns copied back. */
-cudaError_t fs_attention_forward_padded(const fs_attn_params *p, int device, cudaStream_t stream,
+/* The forward of p (a head dim without its own kernel) at head dim Dp > p->D (a size a kernel is built for): q, k, v
+ * copied (rotated) into stream-ordered scratch, run(padded problem, ctx), the output's first D columns copied back. */
+cudaError_t fs_attention_forward_padded(const fs_attn_params *p, int Dp, int device, cudaStream_t stream,
                                         cudaError_t (*run)(const fs_attn_params *p, void *ctx), void *ctx);
 
 #ifdef __cplusplus

@@ -1,6 +1,7 @@
 """Capturing a run under torch.profiler and reading its trace back: every GPU kernel, memcpy and memset with its
 duration and the record_function ranges ("forward", "backward", "optimizer", "attention", ...) that were open on the
-host when it was launched, and every aten::copy_ that converted a dtype (the studies' fp16↔fp32 copies)."""
+host when it was launched, and every aten::copy_ between two floating-point dtypes (the studies' fp16↔fp32 copies;
+integer and bool conversions of masks and offsets are bookkeeping, not counted)."""
 import json
 import os
 import tempfile
@@ -8,14 +9,13 @@ from dataclasses import dataclass, field
 
 from flashsci.profile.categories import category
 
-DTYPES = {"float", "double", "c10::Half", "c10::BFloat16", "c10::Float8_e4m3fn", "c10::Float8_e5m2", "int", "long int",
-          "short int", "signed char", "unsigned char", "bool"}
+FLOATS = {"float", "double", "c10::Half", "c10::BFloat16", "c10::Float8_e4m3fn", "c10::Float8_e5m2"}
 
 
 @dataclass
 class Trace:
     kernels: list = field(default_factory=list)       # dicts: name, category, us, labels (frozenset)
-    conversions: list = field(default_factory=list)   # labels (frozenset) of each dtype-converting aten::copy_
+    conversions: list = field(default_factory=list)   # labels (frozenset) of each float-converting aten::copy_
 
 
 def labels_at(ranges, ts):
@@ -36,7 +36,7 @@ def parse(events):
             gpu.append(e)
         elif cat == "cpu_op" and e.get("name") == "aten::copy_":
             types = args.get("Input type") or []
-            if len(types) >= 2 and types[0] in DTYPES and types[1] in DTYPES and types[0] != types[1]:
+            if len(types) >= 2 and types[0] in FLOATS and types[1] in FLOATS and types[0] != types[1]:
                 copies.append(e["ts"])
     out = Trace()
     for e in gpu:
