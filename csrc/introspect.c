@@ -38,8 +38,8 @@ PyObject *fs_hook_launch_plan(PyObject *module, PyObject *args, PyObject *kwargs
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiii|pipp:_launch_plan", kwlist, &B, &H, &Sq, &Sk, &D, &opt.causal,
                                      &device, &opt.rotary, &kpm))
         return NULL;
-    if (B < 1 || H < 1 || Sq < 1 || Sk < 1 || (D != 32 && D != 64 && D != 96 && D != 128 && D != 256))
-        return PyErr_Format(PyExc_ValueError, "_launch_plan: sizes must be >= 1 and D one of 32, 64, 96, 128, 256");
+    if (B < 1 || H < 1 || Sq < 1 || Sk < 1 || D < 8 || D > 256 || D % 8)
+        return PyErr_Format(PyExc_ValueError, "_launch_plan: sizes must be >= 1 and D a multiple of 8 up to 256");
     const fs_operand q = {NULL, (int64_t)H * Sq * D, (int64_t)Sq * D, D}, kv = {NULL, (int64_t)H * Sk * D, (int64_t)Sk * D, D};
     fs_attn_params p;
     fs_attn_params_build(&p, &opt, B, H, H, Sq, Sk, D, FS_F16, q, kv, kv, q);
