@@ -25,16 +25,14 @@ FS_DEV_T float src_at(const fs_head_copy &c, int b, int i, int h, int j)
     return c.src_f32 ? static_cast<const float *>(c.src)[at] : (float)static_cast<const T *>(c.src)[at];
 }
 
-/* A block of 1024 threads holds 1024 / tx (row, head) pairs, tx = D_dst rounded up to a warp, one thread per output
- * column of each (a block per pair left the copy ten times slower than its memory traffic). */
+/* One block per (row, head), one thread per output column. */
 template <typename T>
-__global__ void __launch_bounds__(1024) head_copy(const fs_head_copy c, unsigned tx)
+__global__ void head_copy(const fs_head_copy c)
 {
-    const int j = (int)(threadIdx.x % tx);
-    const unsigned pair = blockIdx.x * (blockDim.x / tx) + threadIdx.x / tx, rows = (unsigned)c.nb * c.S;
-    if (j >= c.D_dst || pair >= rows * c.H) return;
-    const unsigned r = pair / c.H;
-    const int h = (int)(pair - r * c.H), b = (int)(r / c.S), i = (int)(r - (unsigned)b * c.S);
+    const int j = threadIdx.x, h = blockIdx.x % c.H;
+    const long long r = blockIdx.x / c.H;
+    if (j >= c.D_dst) return;
+    const int b = (int)(r / c.S), i = (int)(r % c.S);
     float x = j < c.D_src ? src_at<T>(c, b, i, h, j) : 0.f;
     if (c.rd > 0 && j < c.rd) {
         const int half = c.rd / 2, k = j < half ? j : j - half;
@@ -57,17 +55,15 @@ extern "C" int fs_attention_run_dim(int D)
 extern "C" cudaError_t fs_head_copy_launch(const fs_head_copy *c, fs_dtype dtype, int device, cudaStream_t stream)
 {
     static fs_kernel handles[2];
-    const long long pairs = (long long)c->nb * c->S * c->H;
-    if (pairs == 0) return cudaSuccess;
-    if (pairs > 0xffffffffLL) return cudaErrorInvalidConfiguration;   /* pair indices are 32-bit */
+    const long long blocks = (long long)c->nb * c->S * c->H;
+    if (blocks == 0) return cudaSuccess;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     const bool bf = dtype == FS_BF16;
     const void *kernel = bf ? (const void *)head_copy<__nv_bfloat16> : (const void *)head_copy<__half>;
     cudaError_t err = fs_kernel_prepare(kernel, &handles[bf], 0, device);
-    if (err != cudaSuccess) return err;
-    unsigned tx = (unsigned)(c->D_dst + 31) / 32 * 32;
-    const unsigned ty = 1024 / tx;
-    void *args[] = {const_cast<fs_head_copy *>(c), &tx};
-    return fs_launch(&handles[bf], device, (unsigned)((pairs + ty - 1) / ty), tx * ty, 0, stream, args);
+    void *args[] = {const_cast<fs_head_copy *>(c)};
+    const unsigned threads = (unsigned)(c->D_dst + 31) / 32 * 32;
+    return err != cudaSuccess ? err : fs_launch(&handles[bf], device, (unsigned)blocks, threads, 0, stream, args);
 }
 
 /* A copy of one operand of p (q: query side) between its strides and the token-major scratch layout (nb, S, H, Dp). */
