@@ -80,18 +80,11 @@ def test_esmc_gradients_match_stock():
 
 
 def test_esmc_lora_gradients():
-    peft = pytest.importorskip("peft")
+    pytest.importorskip("peft")
+    from test_integrations_lora_cpu import lora
     ids, mask = tokens([12, 20])
-    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["layernorm_qkv.1", "out_proj", "ffn.1", "ffn.3"])
-
-    def wrapped(model):
-        model = peft.get_peft_model(model, cfg)
-        torch.manual_seed(5)
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                torch.nn.init.normal_(p, std=0.05)
-        return model
-    stock, fused = wrapped(esmc()), patch(wrapped(esmc()))
+    targets = ["layernorm_qkv.1", "out_proj", "ffn.1", "ffn.3"]
+    stock, fused = lora(esmc(), targets), patch(lora(esmc(), targets))
 
     def grads(model):
         model.zero_grad(set_to_none=True)

@@ -8,7 +8,7 @@ import statistics
 import time
 
 from flashsci.bench.proteins import read_fasta
-from flashsci.bench.results import slug, write_results
+from flashsci.bench.results import pyplot, save_figure, slug, write_results
 from flashsci.bench.train import masked_batch
 
 CONFIG = dict(vocab_size=33, pad_token_id=1, mask_token_id=32, position_embedding_type="rotary", token_dropout=True,
@@ -82,13 +82,9 @@ def run_curve(out_dir, fasta=None, steps=200, per_batch=24, seeds=(0, 1, 2)):
 
 def plot(out_dir, stem, curves, seeds):
     """The curves (10-step moving mean), stock solid and patched dashed, one colour per seed."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
-    import os
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, s in enumerate(seeds):
         for variant, style in (("stock", "-"), ("patched", "--")):
@@ -98,6 +94,4 @@ def plot(out_dir, stem, curves, seeds):
     ax.set_xlabel("step")
     ax.set_ylabel("masked-LM loss (10-step mean)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, stem + ".png"), dpi=120)
-    plt.close(fig)
+    save_figure(plt, fig, out_dir, stem)

@@ -9,7 +9,7 @@ import statistics
 import time
 
 from flashsci.bench.models.lm import ATTENTION, SIZES, VOCAB, LM
-from flashsci.bench.results import slug, write_results
+from flashsci.bench.results import pyplot, save_figure, slug, write_results
 
 CONTEXTS = (128, 256, 512, 1024, 2048, 4096)
 BATCH = 4
@@ -187,13 +187,9 @@ def markdown(meta, rows):
 
 def plot(out_dir, stem, rows):
     """Training-step speedup of flashsci over SDPA against context, one line per size."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
-    import os
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, size in enumerate(dict.fromkeys(r["size"] for r in rows)):
         pts = []
@@ -208,6 +204,4 @@ def plot(out_dir, stem, rows):
     ax.set_xlabel("context")
     ax.set_ylabel("training step: SDPA time / flashsci time")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, stem + ".png"), dpi=120)
-    plt.close(fig)
+    save_figure(plt, fig, out_dir, stem)

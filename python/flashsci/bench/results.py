@@ -24,15 +24,33 @@ def write_results(out_dir, stem, meta, rows, markdown):
     print(f"wrote {os.path.join(out_dir, stem)}.json/.md")
 
 
-def write_plot(out_dir, stem, title, labels, series, ylabel):
-    """out_dir/stem.png: grouped bars, one group per label and one bar per series ({name: [value per label]});
-    a one-line note instead where matplotlib is not installed (pip install 'flashsci[plot]')."""
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (with a one-line note) where matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("no plot written: matplotlib is not installed (pip install 'flashsci[plot]')")
+        return None
+    return plt
+
+
+def save_figure(plt, fig, out_dir, stem):
+    """fig laid out and written to out_dir/stem.png, then closed; returns the path."""
+    fig.tight_layout()
+    path = os.path.join(out_dir, stem + ".png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return path
+
+
+def write_plot(out_dir, stem, title, labels, series, ylabel):
+    """out_dir/stem.png: grouped bars, one group per label and one bar per series ({name: [value per label]});
+    a one-line note instead where matplotlib is not installed (pip install 'flashsci[plot]')."""
+    plt = pyplot()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(labels) * len(series)), 4.0))
     width = 0.8 / max(1, len(series))
@@ -44,9 +62,4 @@ def write_plot(out_dir, stem, title, labels, series, ylabel):
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out_dir, stem + ".png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"wrote {path}")
-    return path
+    return save_figure(plt, fig, out_dir, stem)

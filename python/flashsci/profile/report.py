@@ -57,11 +57,9 @@ def top_table(label, s):
 
 def plot(path, title, rows):
     """A PNG of stacked bars, one per (label, summary), ms per batch by category; False without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    from flashsci.bench.results import pyplot
+    plt = pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(rows)), 4.0))
     bottom = [0.0] * len(rows)

@@ -11,24 +11,13 @@ F.linear (use_flashsci="torch") or flashsci.linear ("flashsci").
 import math
 from types import SimpleNamespace
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flashsci.bench.models.rotary import rotary
 from flashsci.integrations.packing import Packed, attention_packed, linear, swiglu
 
 ESMC_600M = dict(vocab=64, d_model=1152, heads=18, layers=36, hidden=3072)
-
-
-def rotary(x, base=10000.0):
-    """ESM-C's rotary on (B, S, H, D): positions 0..S-1, cos/sin in float32, applied in x's dtype."""
-    S, D = x.shape[1], x.shape[3]
-    inv_freq = 1.0 / base ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
-    freqs = torch.outer(torch.arange(S, device=x.device, dtype=torch.float32), inv_freq)
-    cos = torch.cat([freqs.cos()] * 2, -1).to(x.dtype)[None, :, None]
-    sin = torch.cat([freqs.sin()] * 2, -1).to(x.dtype)[None, :, None]
-    x1, x2 = x.chunk(2, -1)
-    return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
 class Block(nn.Module):

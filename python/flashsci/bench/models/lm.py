@@ -14,21 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flashsci.bench.models.rotary import rotary
+
 SIZES = {"small": (768, 12, 12), "medium": (1024, 24, 16), "large": (1280, 36, 20), "xl": (1600, 48, 25),
          "2.7B": (2560, 32, 32)}
 VOCAB = 10000
 ATTENTION = ("naive", "sdpa", "flashsci")
-
-
-def rotary(x, base=10000.0):
-    """Rotate-half rotary on (B, S, H, D): positions 0..S-1, angles in float32, applied in x's dtype."""
-    S, D = x.shape[1], x.shape[3]
-    inv = 1.0 / base ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
-    ang = torch.outer(torch.arange(S, device=x.device, dtype=torch.float32), inv)
-    cos = torch.cat([ang.cos()] * 2, -1).to(x.dtype)[None, :, None]
-    sin = torch.cat([ang.sin()] * 2, -1).to(x.dtype)[None, :, None]
-    x1, x2 = x.chunk(2, -1)
-    return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
 class Block(nn.Module):
