@@ -118,6 +118,14 @@ def test_esm_end_to_end(esm_dir, tmp_path):
     import json
     manifest = json.load(open(os.path.join(out, "manifest.json")))
     assert len(manifest["shards"]) == 3 and manifest["options"]["pool"] == "both"
+    means = str(tmp_path / "means")   # --pool mean: whole sequences pooled in the batch, windowed ones from their rows
+    main([esm_dir, fasta, "-o", means, "--shard-size", "3", "--max-tokens", "64", "--dtype", "fp32", "--device", "cpu"])
+    for rid, length, shard, row, chunked in read_index(means):
+        t = load_file(os.path.join(means, shard + ".safetensors"))
+        assert "residues" not in t
+        seq = cleaned.get(rid) or next(s for i, s in RECORDS if i == rid and len(s) == int(length))
+        ref = stock_embedding(esm_dir, seq, "esm")
+        assert (t["mean"][int(row)].double() - ref.mean(0)).abs().max() <= 1e-4 * ref.abs().max(), (rid, chunked)
     stock = str(tmp_path / "stock")   # the baseline: the stock model on the same batches
     main([esm_dir, fasta, "-o", stock, "--shard-size", "3", "--max-tokens", "64", "--device", "cpu", "--no-patch"])
     for k in range(3):
