@@ -77,3 +77,13 @@ def test_trace_reader_and_summary():
         "nvjet_tst_64x8_64x16_4x1_v_bz_TNT", 1, pytest.approx(0.05))
     table = category_table([("run", everything)])
     assert len(table) == 3 and table[0].count("|") == len(CATEGORIES) + 5
+
+
+def test_recorded_protein_model_kernels():
+    """Every kernel a profile of the three protein models recorded on an H200 (tests/data), in its category."""
+    import os
+    path = os.path.join(os.path.dirname(__file__), "data", "kernels_h200_protein_models.tsv")
+    rows = [line.rstrip("\n").split("\t", 1) for line in open(path) if not line.startswith("#")]
+    assert len(rows) > 100 and {c for c, _ in rows} <= set(CATEGORIES)
+    wrong = [(c, category(n), n[:80]) for c, n in rows if category(n) != c]
+    assert not wrong, wrong

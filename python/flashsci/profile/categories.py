@@ -9,7 +9,7 @@ memset events). The first rule whose pattern occurs in the lower-cased name wins
     softmax        softmax kernels (the unfused attention's softmax among them)
     normalisation  LayerNorm, RMSNorm, batch and group norms
     memory         copies and dtype conversions: memcpy / memset, copy kernels (torch's direct_copy_kernel also
-                   converts dtypes), concatenation, index / gather / scatter (embedding lookups), fills
+                   converts dtypes), concatenation, indexing / gather / scatter (embedding lookups), fills of constants
     element-wise   element-wise and reduction kernels (activations, residual adds, masks, losses, the optimizer's
                    multi-tensor kernels)
     other          everything else
@@ -24,7 +24,8 @@ RULES = (
     ("softmax", ("softmax",)),
     ("normalisation", ("layer_norm", "layernorm", "rms_norm", "rmsnorm", "batch_norm", "batchnorm", "group_norm",
                        "rowwisemoments")),
-    ("memory", ("memcpy", "memset", "copy", "catarray", "index", "gather", "scatter", "fill")),
+    ("memory", ("memcpy", "memset", "copy", "catarray", "index_elementwise", "indexselect", "index_select", "gather",
+                "scatter", "fillfunctor", "embedding")),
     ("element-wise", ("elementwise", "reduce", "multi_tensor_apply", "vectorized", "unrolled")),
 )
 
