@@ -47,7 +47,7 @@ def run_curve(out_dir, fasta=None, steps=200, per_batch=24, seeds=(0, 1, 2)):
     curves = {}
     for seed in seeds:
         rng = torch.Generator().manual_seed(seed)
-        batches = [masked_batch(torch, seqs[(i * per_batch) % (len(seqs) - per_batch):][:per_batch], "esm", rng)
+        batches = [masked_batch(torch, seqs[(i * per_batch) % max(1, len(seqs) - per_batch):][:per_batch], "esm", rng)
                    for i in range(steps)]
         for variant in ("stock", "patched"):
             t0 = time.perf_counter()

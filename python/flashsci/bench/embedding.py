@@ -131,8 +131,10 @@ def resume(tmp, seqs, n=3000, kills=3, seed=0):
     """Kill a run (SIGKILL) `kills` times at random points while it embeds (after a random number of new shards plus a
     random part of a shard's time), run it to the end, compare every file with the uninterrupted run's."""
     folder = save_model("ESM2-650M", os.path.join(tmp, "resume_model"))
+    n = min(n, len(seqs))
+    size = max(1, min(100, n // (kills + 3)))             # enough shards for the kills to land between them
     fasta = write_fasta(os.path.join(tmp, "resume.fasta"), seqs[:n])
-    extra, shards = ["--shard-size", "100"], -(-n // 100)
+    extra, shards = ["--shard-size", str(size)], -(-n // size)
     clean, killed = os.path.join(tmp, "resume-clean"), os.path.join(tmp, "resume-killed")
     wall, (r,) = embed(folder, fasta, clean, *extra)
     per_shard = r["loop s"] / shards
