@@ -16,6 +16,7 @@ import pytest
 
 import flashsci
 from flashsci.bench.attention import PROTEIN, SEED
+from flashsci.bench.timing import event_times_us
 
 from conftest import reference_attention
 
@@ -70,15 +71,7 @@ def _graph_target(torch, fn, inputs):
 
 def _per_call_us(torch, replay, rounds=7):
     """Median per-call device time of the graph by CUDA events."""
-    times = []
-    for _ in range(rounds):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / CALLS)
-    return sorted(times)[rounds // 2]
+    return sorted(event_times_us(torch, replay, CALLS, rounds))[rounds // 2]
 
 
 @pytest.mark.gpu

@@ -20,7 +20,6 @@ from flashsci.embed.__main__ import main  # noqa: E402
 from flashsci.embed.compute import windows  # noqa: E402
 
 ESM_VOCAB = ["<cls>", "<pad>", "<eos>", "<unk>", *"LAGVSERTIDPKQNFYMHWCXBUZO.-", "<null_1>", "<mask>"]
-T5_RESIDUES = "ALGVSREDTIPKFQNYMHWCX"
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +40,9 @@ def esm_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def t5_dir(tmp_path_factory):
     """A 2-layer ProtT5-shaped encoder and a word-level tokenizer of residues + </s>, saved."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from flashsci.bench.embedding import t5_tokenizer
     d = tmp_path_factory.mktemp("t5")
-    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{c: 3 + i for i, c in enumerate(T5_RESIDUES)}}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    core.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    tok = t5_tokenizer()
     torch.manual_seed(0)
     cfg = transformers.T5Config(vocab_size=32, d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2,
                                 feed_forward_proj="relu", pad_token_id=0, eos_token_id=1, dropout_rate=0.0)

@@ -42,14 +42,15 @@ def embed_shard(model, tokenize, fam, seqs, max_tokens, long_rule, per_residue, 
             ids, mask = (torch.from_numpy(a).to(device) for a in pad_batch([tokens[j] for j in batch], fam.pad_id))
             hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
             spans = [owner[j] for j in batch]
-            n = torch.tensor([e - a for _, a, e in spans], device=device)
+            lens = [e - a for _, a, e in spans]
+            n = torch.tensor(lens, device=device)
             cols = torch.arange(hidden.shape[1], device=device)
             keep = (cols >= fam.head) & (cols < fam.head + n[:, None])          # (B, S): each piece's residues
             if mean and not per_residue:
                 # mean_i = sum over piece i's residues of h / n_i
                 vecs = ((hidden.float() * keep[..., None]).sum(1) / n[:, None]).cpu()
             if per_residue or any(chunked[i] for i, _, _ in spans):
-                parts = hidden[keep].float().cpu().split(n.tolist())             # residue rows, piece by piece
+                parts = hidden[keep].float().cpu().split(lens)             # residue rows, piece by piece
             for r, (i, a, e) in enumerate(spans):
                 if chunked[i]:
                     if i not in sums:

@@ -45,7 +45,8 @@ class EsmcEmbedder:
     (the logits head and per-block hidden states skipped, patched or stock)."""
 
     def __init__(self, model, patched):
-        self.model, self.patched = model, patched
+        from flashsci.integrations.esmc import embeddings
+        self.model, self.patched, self.embeddings = model, patched, embeddings
         self.config = SimpleNamespace(hidden_size=model.transformer.blocks[0].attn.d_model)
 
     def parameters(self):
@@ -54,8 +55,7 @@ class EsmcEmbedder:
     def __call__(self, input_ids, attention_mask):
         mask = attention_mask.bool()
         if self.patched:
-            from flashsci.integrations import esmc
-            x = esmc.embeddings(self.model, input_ids, mask)
+            x = self.embeddings(self.model, input_ids, mask)
         elif self.model._use_flash_attn:     # flash-attn installed: the esm package's own unpadded path
             x = self.model(sequence_tokens=input_ids, sequence_id=mask).embeddings
         else:

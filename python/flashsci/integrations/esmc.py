@@ -6,7 +6,7 @@ the hidden states of every block; padded positions hold zeros (the stock forward
 should read). A sequence_id of integers (several sequences in one row) takes the stock forward."""
 import torch
 
-from .packing import Packed, attention_packed, dense, gated
+from .packing import Packed, attention_packed, dense, gated, plain_gemm
 
 ROTARY_TYPES = ("RotaryEmbedding", "TritonRotaryEmbedding")
 
@@ -52,7 +52,6 @@ def block_forward(block, x, packed, base, plain):
 
 def run(model, sequence_tokens, mask, keep_hidden):
     """(Packed batch, rows after the final norm, [rows after each block] or None) of the packed forward."""
-    from .packing import plain_gemm
     packed = Packed(model.embed(sequence_tokens), mask)
     x, plain, base, hidden = packed.x, plain_gemm(model), model.__dict__["_flashsci_rotary_base"], []
     for block in model.transformer.blocks:

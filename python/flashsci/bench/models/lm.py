@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import flashsci
+import flashsci.torch_ops
 from flashsci.bench.models.rotary import rotary
 
 SIZES = {"small": (768, 12, 12), "medium": (1024, 24, 16), "large": (1280, 36, 20), "xl": (1600, 48, 25),
@@ -39,8 +41,7 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.norm1(x)).view(B, S, 3, self.heads, d // self.heads).unbind(2)
         with torch.profiler.record_function("attention"):
             if self.attention == "flashsci":
-                import flashsci.torch_ops as ops
-                o = ops.attention(q, k, v, causal=True, layout="bshd", rotary_base=10000.0)
+                o = flashsci.torch_ops.attention(q, k, v, causal=True, layout="bshd", rotary_base=10000.0)
             else:
                 q, k, v = rotary(q).transpose(1, 2), rotary(k).transpose(1, 2), v.transpose(1, 2)
                 if self.attention == "sdpa":
@@ -55,7 +56,6 @@ class Block(nn.Module):
     def feed_forward(self, x):
         h = self.norm2(x)
         if self.attention == "flashsci" and not (torch.is_grad_enabled() and self.up.weight.requires_grad):
-            import flashsci
             return self.down(flashsci.swiglu(h, self.up.weight))
         gate, up = self.up(h).chunk(2, -1)
         return self.down(F.silu(gate) * up)
