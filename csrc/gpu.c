@@ -207,9 +207,9 @@ int fs_gpu_attention_backward(const fs_attn_bwd_params *g, int device, uintptr_t
 {
     fs_gpu_props props;
     int prev;
-    (void)choice;
     if (launch_begin(device, "attention backward", &props, &prev) < 0) return -1;
-    cudaError_t err = fs_attention_backward_sm80(g, device, props.sm_count, props.major, (cudaStream_t)stream);
+    const int sm90 = props.major == 9 && !choice->attention_sm80;
+    cudaError_t err = fs_attention_backward_gpu(g, device, sm90, (cudaStream_t)stream);
     fs_gpu_device_leave(prev, device);
     return err == cudaSuccess ? 0 : cuda_fail(err, "attention backward launch");
 }

@@ -35,11 +35,12 @@ int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count);
  * plan non-NULL only describe the launch. */
 cudaError_t fs_attention_sm90(const fs_attn_params *p, int device, int sm_count, cudaStream_t stream, fs_sm80_plan *plan);
 
-/* The gradients of g with the portable tensor-core kernels (sm_80+, fp16/bf16; backward*.cu): a pre-pass (Delta =
- * rowsum(dO o O), dq's float32 accumulator zeroed), the main kernel by key block (dk, dv; dq by atomics, or with
- * g->deterministic by a second kernel by query block), a post-pass (dq scaled and converted), and the passes of dbias
- * and the T5 table's gradient; head dims without a kernel of their own run padded to the next one. */
-cudaError_t fs_attention_backward_sm80(const fs_attn_bwd_params *g, int device, int sm_count, int major, cudaStream_t stream);
+/* The gradients of g on CUDA (fp16/bf16; backward_dispatch.cu): a pre-pass (Delta = rowsum(dO o O), dq's float32
+ * accumulator zeroed), the main kernel by key block (dk, dv; dq by atomics or bulk reductions, or with g->deterministic
+ * by a second kernel by query block), a post-pass (dq scaled and converted), and the passes of dbias and the T5
+ * table's gradient; head dims without a kernel of their own run padded to the next one. sm90: the Hopper main kernel
+ * (sm_90a) may run where it covers the problem; else the portable ones (sm_80+). */
+cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, int device, int sm90, cudaStream_t stream);
 
 /* Every query row of p (padded or packed) written as zeros and its lse as -inf (fill.cu): the result of attention
  * over no key at all, where the kernels have nothing to load. */

@@ -35,6 +35,8 @@ FS_DEV void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, ui
 
 /* D (64 x N, fp32) (+)= A (64 x 16, shared, K-major) B (16 x N, shared, K-major); acc = 0 overwrites D. */
 template <int N, typename T> FS_DEV_T void wgmma_ss(float d[N / 2], uint64_t da, uint64_t db, int acc);
+/* D (64 x N, fp32) (+)= A (64 x 16, shared, MN-major) B (16 x N, shared, MN-major); acc = 0 overwrites D. */
+template <int N, typename T> FS_DEV_T void wgmma_ss_mn(float d[N / 2], uint64_t da, uint64_t db, int acc);
 /* D (64 x N, fp32) += A (64 x 16, registers) B (16 x N, shared, MN-major). */
 template <int N, typename T> FS_DEV_T void wgmma_rs(float d[N / 2], const uint32_t a[4], uint64_t db);
 /* D (64 x N, fp32) (+)= A (64 x 16, registers) B (16 x N, shared, K-major); acc = 0 overwrites D. */
@@ -62,6 +64,13 @@ template <> FS_DEV_T void wgmma_ss<N, TY>(float d[N / 2], uint64_t da, uint64_t 
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TN "." TN " {" REGS "}, " DA ", " DB ", p, 1, 1, 0, 0;\n}\n" \
                  : __VA_ARGS__ : "l"(da), "l"(db), "r"(acc)); \
 }
+#define FS_WGMMA_SS_MN(N, TY, TN, REGS, DA, DB, ACC, ...) \
+template <> FS_DEV_T void wgmma_ss_mn<N, TY>(float d[N / 2], uint64_t da, uint64_t db, int acc) \
+{ \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TN "." TN " {" REGS "}, " DA ", " DB ", p, 1, 1, 1, 1;\n}\n" \
+                 : __VA_ARGS__ : "l"(da), "l"(db), "r"(acc)); \
+}
 #define FS_WGMMA_RS(N, TY, TN, REGS, A, DB, ...) \
 template <> FS_DEV_T void wgmma_rs<N, TY>(float d[N / 2], const uint32_t a[4], uint64_t db) \
 { \
@@ -83,6 +92,7 @@ template <> FS_DEV_T void wgmma_rs_kmajor<N, TY>(float d[N / 2], const uint32_t 
     FS_WGMMA_SS(160, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64, "%80", "%81", "%82", FS_D32(0), FS_D32(32), FS_D8(64), FS_D8(72)) \
     FS_WGMMA_SS(192, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64 ", " FS_R80, "%96", "%97", "%98", FS_D32(0), FS_D32(32), FS_D32(64)) \
     FS_WGMMA_SS(256, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64 ", " FS_R80 ", " FS_R96 ", " FS_R112, "%128", "%129", "%130", FS_D32(0), FS_D32(32), FS_D32(64), FS_D32(96)) \
+    FS_WGMMA_SS_MN(64, TY, TN, FS_R0 ", " FS_R16, "%32", "%33", "%34", FS_D32(0)) \
     FS_WGMMA_RS(64, TY, TN, FS_R0 ", " FS_R16, "%32, %33, %34, %35", "%36", FS_D32(0)) \
     FS_WGMMA_RS(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64, %65, %66, %67", "%68", FS_D32(0), FS_D32(32)) \
     FS_WGMMA_RSK(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64, %65, %66, %67", "%68", "%69", FS_D32(0), FS_D32(32))

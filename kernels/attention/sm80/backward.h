@@ -1,5 +1,5 @@
 /* Attention backward on sm_80+, host side: the passes around the main kernel (backward_passes.cu) and the per-dtype
- * launchers of the main kernel (backward_fp16.cu, backward_bf16.cu), called by backward_dispatch.cu. */
+ * launchers of the main kernel (backward_fp16.cu, backward_bf16.cu), called by attention/backward_dispatch.cu. */
 #ifndef FLASHSCI_ATTENTION_SM80_BACKWARD_H
 #define FLASHSCI_ATTENTION_SM80_BACKWARD_H
 
@@ -17,6 +17,7 @@ typedef struct {
     int rotary_dim;    /* ... over this many columns: the problem's own head dim (less than D in padded runs) */
     float *t5_part;    /* T5 gradient: bucket sums per (b, h, query tile of 64) */
     float rotary_base;
+    int sm90;          /* the Hopper main kernel may run (an sm_90 device, not forced to the portable one) */
 } fs_bwd_work;
 
 /* Delta = rowsum(dO o O) and dQ's accumulator (rows of acc_d floats: the kernels' head dim) zeroed, for every row of g. */

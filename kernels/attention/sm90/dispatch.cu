@@ -6,6 +6,7 @@
 
 #include "attention/launchers.h"
 #include "attention/sm90/tile.cuh"
+#include "attention/sm90/tensor_map.h"
 #include "attention/sm90/variants.h"
 
 /* The protein options: packed sequences, seqlens, key padding, the T5 bias (the FEAT kernels). */
@@ -55,13 +56,6 @@ static fs_sm90_variant sm90_variant(const fs_attn_params *p, int sm_count)
 }
 
 #ifdef FLASHSCI_SM90A
-/* Every stride of a dim longer than 1 nonzero (TMA cannot broadcast) and below 2^39 elements. */
-static int strides_ok(int S, int H, int B, int64_t ss, int64_t sh, int64_t sb)
-{
-    const int64_t lim = 1LL << 39;
-    return (S == 1 || (ss > 0 && ss < lim)) && (H == 1 || (sh > 0 && sh < lim)) && (B == 1 || (sb > 0 && sb < lim));
-}
-
 /* Whether the Hopper kernel beats the sm80 one on a problem of `items` work items. With one item per SM or more it
  * does. With fewer, it runs each item's keys on one SM, where the sm80 kernel splits long key ranges over SMs, so
  * it is taken only for self-attention-like shapes (Sq >= Sk / 2, Sk <= 4096: what was measured). There, at D = 128,
@@ -94,8 +88,8 @@ extern "C" int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count)
     return (p->dtype == FS_F16 || p->dtype == FS_BF16) && (p->D == 64 || p->D == 128) && p->Sq > 0 && p->Sk > 0 &&
            !p->bias && t5_n <= FS_SM90_T5_MAX && sq > 0 && sk > 0 &&
            (!p->cu_seqlens_q || (p->total_q < INT32_MAX && p->total_k < INT32_MAX)) &&
-           strides_ok(sq, p->H, nb, p->q_ss, p->q_sh, p->q_sb) && strides_ok(sk, hkv, nb, p->k_ss, p->k_sh, p->k_sb) &&
-           strides_ok(sk, hkv, nb, p->v_ss, p->v_sh, p->v_sb) && strides_ok(sq, p->H, nb, p->o_ss, p->o_sh, p->o_sb) &&
+           sm90_strides_ok(sq, p->H, nb, p->q_ss, p->q_sh, p->q_sb) && sm90_strides_ok(sk, hkv, nb, p->k_ss, p->k_sh, p->k_sb) &&
+           sm90_strides_ok(sk, hkv, nb, p->v_ss, p->v_sh, p->v_sb) && sm90_strides_ok(sq, p->H, nb, p->o_ss, p->o_sh, p->o_sb) &&
            sm90_pays(p, sm90_items(p, br), sm_count);
 #else
     (void)p; (void)sm_count;

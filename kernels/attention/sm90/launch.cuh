@@ -7,26 +7,11 @@
 #include "attention/launchers.h"
 #include "attention/sm90/kernel.cuh"
 #include "attention/sm90/scheduler.cuh"
+#include "attention/sm90/tensor_map.h"
 #include "attention/sm90/variants.h"
 #include "common/launch.cuh"
 #include "common/tma.cuh"
 #include "common/workspace.h"
-
-/* A 4-D tensor map over one of q, k, v as (D, S, H, B) read in boxes of 64 columns x rows; a size-1 dim gets
- * a nominal stride (TMA wants every stride a nonzero multiple of 16 bytes). */
-static cudaError_t sm90_map(CUtensorMap *map, const void *base, int bf16, int S, int H, int B, int D, int64_t ss,
-                            int64_t sh, int64_t sb, int rows)
-{
-    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)S, (cuuint64_t)H, (cuuint64_t)B};
-    cuuint64_t strides[3] = {(cuuint64_t)ss * 2, (cuuint64_t)sh * 2, (cuuint64_t)sb * 2};
-    cuuint64_t extent = (cuuint64_t)D * 2;
-    for (int i = 0; i < 3; i++) {
-        if (dims[i + 1] == 1) strides[i] = extent;
-        extent = strides[i] * dims[i + 1];
-    }
-    const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1};
-    return fs_make_tensor_map(map, base, bf16, 4, dims, strides, box);
-}
 
 /* Launch one tile shape on a persistent grid (one block per SM, at most one per work item), or only describe it.
  * FEAT: the kernel with packed sequences, seqlens and the T5 bias; KPM: with a key padding mask too; T5: the plain

@@ -1,5 +1,6 @@
-/* Attention backward on sm_80+, host side: workspace, the rotary pre-pass, and the order of the passes and the kernels
- * (backward.cuh, backward_dq.cuh). Head dims without a kernel of their own run at the next native one through
+/* Attention backward on CUDA, host side: workspace, the rotary pre-pass, the order of the passes and the kernels, and
+ * the main kernel's choice: the Hopper one (sm90/backward_kernel.cuh) where it covers the problem, else the portable
+ * ones (sm80/backward.cuh, backward_dq.cuh). Head dims without a kernel of their own run at the next native one through
  * zero-padded copies (attention/head_copy.cu), which also rotate q and k and rotate dq back over the true head dim.
  * Workspace per call (stated in docs/api.md): 4 (Dp + 1) bytes per query row and head (dQ's float32 accumulator at the
  * kernels' head dim Dp, Delta), plus q and k rotated when the forward used rotary, plus 4 bytes per (batch, head, 64
@@ -7,6 +8,7 @@
 #include "attention/head_copy.h"
 #include "attention/launchers.h"
 #include "attention/sm80/backward.h"
+#include "attention/sm90/backward.h"
 #include "common/workspace.h"
 
 /* x rounded up to a multiple of 256 bytes. */
@@ -15,9 +17,12 @@ static size_t align256(size_t x)
     return (x + 255) & ~(size_t)255;
 }
 
-/* The main kernel (and the deterministic dQ kernel) in g's dtype. */
+/* The main kernel (and the deterministic dQ kernel) in g's dtype: the Hopper kernel where it may run and covers g. */
 static cudaError_t run_kernels(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
 {
+    if (w->sm90 && fs_sm90_backward_covers(g, w->rotary))
+        return g->p.dtype == FS_BF16 ? fs_sm90_backward_bf16(g, w->dq_acc, w->delta, device, stream)
+                                     : fs_sm90_backward_fp16(g, w->dq_acc, w->delta, device, stream);
     return g->p.dtype == FS_BF16 ? fs_sm80_backward_bf16(g, w, device, stream) : fs_sm80_backward_fp16(g, w, device, stream);
 }
 
@@ -94,16 +99,14 @@ static cudaError_t backward_padded(const fs_attn_bwd_params *g, fs_bwd_work *w, 
     return err != cudaSuccess ? err : fr;
 }
 
-extern "C" cudaError_t fs_attention_backward_sm80(const fs_attn_bwd_params *g, int device, int sm_count, int major,
-                                                   cudaStream_t stream)
+extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, int device, int sm90, cudaStream_t stream)
 {
-    (void)sm_count;
-    (void)major;
     const fs_attn_params *p = &g->p;
     if (p->dtype != FS_F16 && p->dtype != FS_BF16) return cudaErrorInvalidValue;
     if (p->D % 8 || p->D > 256) return cudaErrorNotSupported;
     const int Dp = fs_attention_run_dim(p->D), native = Dp == p->D;
     fs_bwd_work w;
+    w.sm90 = sm90;
     w.rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
     w.scale = (float)p->scale;
     w.rotary = p->rotary;

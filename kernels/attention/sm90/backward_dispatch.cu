@@ -1,0 +1,22 @@
+/* Hopper attention backward, host side: which problems its kernel takes (heuristics only: the kernel is in
+ * backward_kernel.cuh, its launch in backward_launch.cuh). */
+#include "attention/sm90/backward.h"
+#include "attention/sm90/tensor_map.h"
+
+int fs_sm90_backward_covers(const fs_attn_bwd_params *g, int rotary)
+{
+#ifdef FLASHSCI_SM90A
+    const fs_attn_params *p = &g->p;
+    const int hkv = fs_kv_heads(p);
+    return (p->dtype == FS_F16 || p->dtype == FS_BF16) && (p->D == 64 || p->D == 128) && p->Sq > 0 && p->Sk > 0 &&
+           !p->cu_seqlens_q && !p->seqlens && !p->kpm && !p->bias && !p->t5_table && !p->rotary && !rotary &&
+           !g->deterministic && !g->dtable && !g->dbias &&
+           sm90_strides_ok(p->Sq, p->H, p->B, p->q_ss, p->q_sh, p->q_sb) && sm90_strides_ok(p->Sk, hkv, p->B, p->k_ss, p->k_sh, p->k_sb) &&
+           sm90_strides_ok(p->Sk, hkv, p->B, p->v_ss, p->v_sh, p->v_sb) &&
+           sm90_strides_ok(p->Sq, p->H, p->B, g->do_ss, g->do_sh, g->do_sb);
+#else
+    (void)g;
+    (void)rotary;
+    return 0;
+#endif
+}

@@ -1,0 +1,45 @@
+/* Hopper attention backward (sm_90a, wgmma + TMA): the kernel, one block per key block of Bc keys, K/V head and batch.
+ * Warpgroup 0 is the producer (backward_producer.cuh: one warp streams Q_i, dO_i, L_i, D_i), warpgroups 1 and 2 the
+ * consumers (backward_mainloop.cuh: 64 keys each; dV, dK in registers, dQ by bulk reductions into the float32
+ * accumulator). The passes around it are the portable backward's (Delta and the zeroed accumulator before, dQ's
+ * conversion after). Design and measurements: docs/notes/attention_backward_sm90.md. */
+#ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH
+#define FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH
+
+#include "attention/sm90/backward_mainloop.cuh"
+#include "attention/sm90/backward_producer.cuh"
+#include "attention/sm90/backward_tile.cuh"
+#include "common/tma.cuh"
+
+template <int D, typename T, bool CAUSAL>
+__global__ void __launch_bounds__(384, 1)
+attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                   const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
+                   const fs_sm90_bwd_args a)
+{
+#ifdef FS_WGMMA
+    using K = sm90_bwd_config<D, T, CAUSAL>;
+    static_assert(128 * 24 + 256 * K::tile::REGS <= 65536, "setmaxnreg: the warpgroups' registers fit the block's allocation");
+    extern __shared__ unsigned char smem_raw[];
+    const sm90_bwd_shared<T> sh = sm90_bwd_carve<K>(smem_raw);
+    const sm90_bwd_block blk = sm90_bwd_block_of<K>(a);
+    if (threadIdx.x == 0) {
+        mbar_init(sh.kv_full, 1);
+        for (int s = 0; s < K::STAGES; s++) {
+            mbar_init(&sh.full[s], 1 + 32); /* the TMA's expect_tx and the producer warp's lanes */
+            mbar_init(&sh.empty[s], 8);     /* lane 0 of each consumer warp */
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (threadIdx.x < 32) sm90_bwd_producer<K>(sh, map_q, map_k, map_v, map_do, a, blk, threadIdx.x);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"((int)K::tile::REGS));
+        sm90_bwd_consumer<K>(sh, a, blk, (threadIdx.x >> 7) - 1);
+    }
+#endif
+}
+
+#endif

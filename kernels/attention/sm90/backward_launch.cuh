@@ -1,0 +1,55 @@
+/* Hopper attention backward, host side: tensor maps and the launch of one instantiation. Included by the per-dtype
+ * translation units (backward_fp16.cu, backward_bf16.cu). */
+#ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_LAUNCH_CUH
+#define FLASHSCI_ATTENTION_SM90_BACKWARD_LAUNCH_CUH
+
+#include "attention/sm90/backward.h"
+#include "attention/sm90/backward_kernel.cuh"
+#include "attention/sm90/tensor_map.h"
+#include "common/launch.cuh"
+
+/* One block per (key block, K/V head, batch). */
+template <int D, typename T, bool CAUSAL>
+static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, float *dq_acc, const float *delta, int device, cudaStream_t stream)
+{
+    using tile = fs_sm90_bwd_tile<D>;
+    constexpr int SMEM = sm90_bwd_smem<D>();
+    static fs_kernel handle;
+    const fs_attn_params *p = &g->p;
+    fs_sm90_bwd_args a;
+    a.g = *g;
+    a.scale_log2 = (float)(p->scale * 1.4426950408889634);
+    a.scale = (float)p->scale;
+    a.dq_acc = dq_acc;
+    a.delta = delta;
+    a.n_kblocks = (p->Sk + tile::BC - 1) / tile::BC;
+    const int hkv = fs_kv_heads(p), bf16 = p->dtype == FS_BF16;
+    const long long blocks = (long long)a.n_kblocks * hkv * p->B;
+    if (blocks == 0) return cudaSuccess;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    CUtensorMap mq, mk, mv, mdo;
+    cudaError_t err = sm90_map(&mq, p->q, bf16, p->Sq, p->H, p->B, D, p->q_ss, p->q_sh, p->q_sb, tile::BR);
+    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, p->Sk, hkv, p->B, D, p->k_ss, p->k_sh, p->k_sb, tile::BC);
+    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, p->Sk, hkv, p->B, D, p->v_ss, p->v_sh, p->v_sb, tile::BC);
+    if (err == cudaSuccess) err = sm90_map(&mdo, g->dout, bf16, p->Sq, p->H, p->B, D, g->do_ss, g->do_sh, g->do_sb, tile::BR);
+    if (err == cudaSuccess) err = fs_kernel_prepare((const void *)attention_bwd_sm90<D, T, CAUSAL>, &handle, SMEM, device);
+    void *args[] = {&mq, &mk, &mv, &mdo, &a};
+    if (err == cudaSuccess) err = fs_launch(&handle, device, (unsigned)blocks, 384, SMEM, stream, args);
+    return err;
+}
+
+template <typename T>
+static cudaError_t bwd90_launch_dtype(const fs_attn_bwd_params *g, float *dq_acc, const float *delta, int device,
+                                      cudaStream_t stream)
+{
+    const bool causal = g->p.causal;
+    switch (g->p.D) {
+    case 64: return causal ? bwd90_launch<64, T, true>(g, dq_acc, delta, device, stream)
+                           : bwd90_launch<64, T, false>(g, dq_acc, delta, device, stream);
+    case 128: return causal ? bwd90_launch<128, T, true>(g, dq_acc, delta, device, stream)
+                            : bwd90_launch<128, T, false>(g, dq_acc, delta, device, stream);
+    default: return cudaErrorNotSupported;
+    }
+}
+
+#endif

@@ -1,0 +1,183 @@
+/* Hopper attention backward: the consumers' main loop. Each of the two consumer warpgroups owns 64 keys of the block's
+ * K_j, V_j (in shared memory for the whole block) and keeps their dV and dK in registers. Per query tile, in log2 units
+ * (c = scale log2 e; L_i the forward's logsumexp, D_i = rowsum(dO_i o O_i)):
+ *   S^T  = K_j Q_i^T, dP^T = V_j dO_i^T      (wgmma, both operands in shared memory, K-major)
+ *   P^T  = exp2(S^T c - L_i log2 e)           (0 where masked: causal key > query, keys past Sk)
+ *   dS^T = P^T o (dP^T - D_i)
+ *   dV_j += P^T dO_i, dK_j += dS^T Q_i        (wgmma, P^T and dS^T from registers, dO_i and Q_i MN-major)
+ *   dQ_i += dS K_j                            (dS^T through shared memory as an MN-major A; both warpgroups' keys)
+ * dQ_i goes to the float32 accumulator by bulk reductions (cp.reduce.async.bulk .add.f32), one per staged row. */
+#ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_MAINLOOP_CUH
+#define FLASHSCI_ATTENTION_SM90_BACKWARD_MAINLOOP_CUH
+
+#include <math.h>
+
+#include "attention/sm90/backward_producer.cuh"
+#include "attention/sm90/backward_tile.cuh"
+#include "attention/sm90/softmax.cuh"
+#include "common/tma.cuh"
+
+#ifdef FS_WGMMA
+/* Both consumer warpgroups (256 threads) at named barrier 1: each one's dS^T is in shared memory. */
+FS_DEV void bwd_consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+/* A consumer thread's whole work for its block (consumer warpgroup cw = 0, 1). */
+template <class K>
+FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const fs_sm90_bwd_args &a, const sm90_bwd_block &blk,
+                                int cw)
+{
+    using T = typename K::T;
+    constexpr int D = K::D, BR = K::BR, BC = K::BC, STAGES = K::STAGES, NQ = K::NQ, NO = K::NO;
+    constexpr int PITCH = FS_SM90_BWD_DQ_PITCH;
+    const fs_attn_bwd_params &g = a.g;
+    const fs_attn_params &p = g.p;
+    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gr = lane >> 2, t4 = lane & 3;
+    const int key0 = blk.k0 + cw * 64 + warp * 16 + gr; /* this thread's keys: key0, key0 + 8 */
+    const uint32_t k_base = smem_addr(sh.sK), v_base = smem_addr(sh.sV), ds_base = smem_addr(sh.sdS);
+    float dv[NO * 4], dk[NO * 4];
+#pragma unroll
+    for (int i = 0; i < NO * 4; i++) dv[i] = dk[i] = 0.f;
+    mbar_wait(sh.kv_full, 0);
+    int s = 0, phase = 0;
+    for (int it = 0; it < blk.n_iter; it++) {
+        const int h = blk.hkv * p.kv_group + it / blk.n_q, q0 = (blk.q_tile0 + it % blk.n_q) * BR;
+        const uint32_t q_base = smem_addr(sh.sQ + s * BR * D), do_base = smem_addr(sh.sdO + s * BR * D);
+        mbar_wait(&sh.full[s], phase);
+
+        /* S^T = K_j Q_i^T, dP^T = V_j dO_i^T: this warpgroup's 64 keys (rows 64 cw ..) x Br queries, D / 16 k-steps of
+         * 32 bytes along a 128-byte row (the next 64-column half at kk = 4) */
+        float st[NQ * 4], dp[NQ * 4];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            const uint32_t ka = (kk >> 2) * BC * 128 + cw * 64 * 128 + 32 * (kk & 3), qa = (kk >> 2) * BR * 128 + 32 * (kk & 3);
+            wgmma_ss<BR, T>(st, desc_sw128(k_base + ka, 16, 1024), desc_sw128(q_base + qa, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            const uint32_t ka = (kk >> 2) * BC * 128 + cw * 64 * 128 + 32 * (kk & 3), qa = (kk >> 2) * BR * 128 + 32 * (kk & 3);
+            wgmma_ss<BR, T>(dp, desc_sw128(v_base + ka, 16, 1024), desc_sw128(do_base + qa, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+
+        /* P^T = exp2(S^T c - L_i log2 e) while dP^T lands; element (n, r, c): key key0 + 8r, query q0 + 8n + 2 t4 + c */
+        const float *L = sh.sL + s * BR, *Di = sh.sD + s * BR;
+        const bool masked = (K::CAUSAL && blk.k0 + cw * 64 + 63 > q0) || blk.k0 + BC > p.Sk; /* uniform: the warpgroup's */
+        wgmma_wait<1>();
+#pragma unroll
+        for (int n = 0; n < NQ; n++) {
+            const float2 l2 = *reinterpret_cast<const float2 *>(L + 8 * n + 2 * t4);
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    float &x = st[4 * n + 2 * r + c];
+                    x = exp2_approx(fmaf(x, a.scale_log2, -(c ? l2.y : l2.x)));
+                    if (masked) {
+                        const int key = key0 + 8 * r, query = q0 + 8 * n + 2 * t4 + c;
+                        if (key >= p.Sk || (K::CAUSAL && key > query)) x = 0.f;
+                    }
+                }
+        }
+        wgmma_wait<0>();
+        /* dS^T = P^T o (dP^T - D_i) */
+#pragma unroll
+        for (int n = 0; n < NQ; n++) {
+            const float2 d2 = *reinterpret_cast<const float2 *>(Di + 8 * n + 2 * t4);
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                dp[4 * n + 2 * r] = st[4 * n + 2 * r] * (dp[4 * n + 2 * r] - d2.x);
+                dp[4 * n + 2 * r + 1] = st[4 * n + 2 * r + 1] * (dp[4 * n + 2 * r + 1] - d2.y);
+            }
+        }
+        uint32_t pk[NQ][2], dsk[NQ][2];
+        sm90_pack_p<NQ, T>(st, pk);
+        sm90_pack_p<NQ, T>(dp, dsk);
+
+        /* dV_j += P^T dO_i, dK_j += dS^T Q_i: Br / 16 k-steps of 16 query rows (2 KiB) each */
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; kk++) {
+            const uint32_t af[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
+            wgmma_rs<D, T>(dv, af, desc_sw128(do_base + kk * 16 * 128, BR * 128, 1024));
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; kk++) {
+            const uint32_t af[4] = {dsk[2 * kk][0], dsk[2 * kk][1], dsk[2 * kk + 1][0], dsk[2 * kk + 1][1]};
+            wgmma_rs<D, T>(dk, af, desc_sw128(q_base + kk * 16 * 128, BR * 128, 1024));
+        }
+        wgmma_commit();
+
+        /* dS^T into buffer it & 1 (the other warpgroup read the one before it ahead of the last barrier): panels of 64
+         * queries, key rows of 128 bytes, 16-byte chunk x of row y at x ^ (y % 8). stmatrix: lane l addresses row l % 8
+         * of matrix l / 8 (rows + 8 for odd matrices, the next 8 queries for matrices 2, 3) */
+        const uint32_t ds_buf = ds_base + (it & 1) * BC * BR * 2;
+        {
+            const int row = cw * 64 + warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+            for (int kk = 0; kk < BR / 16; kk++) {
+                const int qc = 2 * kk + (lane >> 4);
+                stmatrix_x4(ds_buf + (qc >> 3) * BC * 128 + row * 128 + (((qc & 7) ^ (lane & 7)) << 4), dsk[2 * kk][0],
+                            dsk[2 * kk][1], dsk[2 * kk + 1][0], dsk[2 * kk + 1][1]);
+            }
+        }
+        fence_proxy_async();
+        bwd_consumers_sync();
+
+        /* dQ_i = dS K_j over the block's Bc keys: this warpgroup's 64 x 64 (D = 64: query panel cw, K's columns;
+         * D = 128: query panel 0, K's half cw), Bc / 16 k-steps of 16 key rows */
+        float dq[32];
+        const uint32_t a_panel = D == 64 ? cw : 0, b_panel = D == 64 ? 0 : cw;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++)
+            wgmma_ss_mn<64, T>(dq, desc_sw128(ds_buf + a_panel * BC * 128 + kk * 16 * 128, BC * 128, 1024),
+                               desc_sw128(k_base + b_panel * BC * 128 + kk * 16 * 128, BC * 128, 1024), kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&sh.empty[s]); /* Q_i, dO_i, L_i, D_i read */
+
+        /* dQ_i staged by warp (its 16 rows, once their last reductions have read the staging rows) and added to the
+         * accumulator, a row per lane of the first half-warp */
+        float *stage = sh.sdQ + (cw * 64 + warp * 16) * PITCH;
+        if (lane < 16) bulk_wait_read();
+        __syncwarp();
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                *reinterpret_cast<float2 *>(stage + (gr + 8 * r) * PITCH + 8 * n + 2 * t4) =
+                    make_float2(dq[4 * n + 2 * r], dq[4 * n + 2 * r + 1]);
+        fence_proxy_async();
+        __syncwarp();
+        if (lane < 16) {
+            const int q = q0 + (D == 64 ? cw * 64 : 0) + warp * 16 + lane;
+            if (q < p.Sq)
+                bulk_reduce_add_f32(a.dq_acc + (((int64_t)blk.b * p.H + h) * p.Sq + q) * D + (D == 64 ? 0 : cw * 64),
+                                    stage + lane * PITCH, 64 * 4);
+            bulk_commit();
+        }
+        if (++s == STAGES) { s = 0; phase ^= 1; }
+    }
+    if (lane < 16) bulk_wait(); /* the reductions done before the block's shared memory goes */
+
+    /* dV_j and scale dK_j, this thread's key rows key0, key0 + 8 (inside Sk) */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int key = key0 + 8 * r;
+        if (key >= p.Sk) continue;
+        T *dvp = static_cast<T *>(g.dv) + blk.b * g.dv_sb + blk.hkv * g.dv_sh + (int64_t)key * g.dv_ss + 2 * t4;
+        T *dkp = static_cast<T *>(g.dk) + blk.b * g.dk_sb + blk.hkv * g.dk_sh + (int64_t)key * g.dk_ss + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < NO; n++) {
+            *reinterpret_cast<uint32_t *>(dvp + 8 * n) = pack2<T>(dv[4 * n + 2 * r], dv[4 * n + 2 * r + 1]);
+            *reinterpret_cast<uint32_t *>(dkp + 8 * n) = pack2<T>(dk[4 * n + 2 * r] * a.scale, dk[4 * n + 2 * r + 1] * a.scale);
+        }
+    }
+}
+#endif
+
+#endif

@@ -1,0 +1,77 @@
+/* Hopper attention backward: the work of one block (key block, K/V head, batch) and the producer. One warp loads K_j
+ * and V_j once, then streams each step's Q_i and dO_i by TMA and L_i log2 e and D_i by its lanes into the ring of
+ * mbarrier-guarded stages. */
+#ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_PRODUCER_CUH
+#define FLASHSCI_ATTENTION_SM90_BACKWARD_PRODUCER_CUH
+
+#include <math.h>
+
+#include "attention/sequence.cuh"
+#include "attention/sm90/backward_tile.cuh"
+#include "common/tma.cuh"
+
+#ifdef FS_WGMMA
+/* A block's work: keys k0 .. k0 + Bc - 1 of K/V head hkv in batch b, and n_iter steps (query head of the group outer,
+ * query tile inner) over the n_q query tiles from tile q_tile0 on (causal, top-left: the tiles before the key block's
+ * first key see none of its keys). Causal blocks go in key-block order over all heads, heaviest first; the others take
+ * one head's key blocks in turn (its Q and dO stay in L2). */
+typedef struct { int b, hkv, k0, q_tile0, n_q, n_iter; } sm90_bwd_block;
+template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_args &a)
+{
+    const fs_attn_params &p = a.g.p;
+    const int hkv_count = p.H / p.kv_group, heads = hkv_count * p.B;
+    const int kt = K::CAUSAL ? (int)blockIdx.x / heads : (int)blockIdx.x % a.n_kblocks;
+    const int rest = K::CAUSAL ? (int)blockIdx.x % heads : (int)blockIdx.x / a.n_kblocks;
+    sm90_bwd_block blk;
+    blk.hkv = rest % hkv_count;
+    blk.b = rest / hkv_count;
+    blk.k0 = kt * K::BC;
+    const int n_tiles = (p.Sq + K::BR - 1) / K::BR;
+    blk.q_tile0 = K::CAUSAL ? min(blk.k0 / K::BR, n_tiles) : 0;
+    blk.n_q = n_tiles - blk.q_tile0;
+    blk.n_iter = p.kv_group * blk.n_q;
+    return blk;
+}
+
+/* The producer warp's whole work for its block (lane: its lane). Stage s is full once the TMA bytes of Q_i and dO_i
+ * have landed and the 32 lanes have written L_i log2 e (+inf past the sequence and for rows with no key: P = 0) and D_i. */
+template <class K>
+FS_DEV_T void sm90_bwd_producer(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_q, const CUtensorMap &map_k,
+                                const CUtensorMap &map_v, const CUtensorMap &map_do, const fs_sm90_bwd_args &a,
+                                const sm90_bwd_block &blk, int lane)
+{
+    constexpr int D = K::D, BR = K::BR, BC = K::BC, STAGES = K::STAGES, HALVES = D / 64;
+    const fs_attn_params &p = a.g.p;
+    if (lane == 0) {
+        mbar_expect_tx(sh.kv_full, 2 * BC * D * 2);
+        for (int c = 0; c < HALVES; c++) {
+            tma_load_4d(sh.sK + c * BC * 64, &map_k, c * 64, blk.k0, blk.hkv, blk.b, sh.kv_full);
+            tma_load_4d(sh.sV + c * BC * 64, &map_v, c * 64, blk.k0, blk.hkv, blk.b, sh.kv_full);
+        }
+    }
+    int s = 0, phase = 0;
+    for (int it = 0; it < blk.n_iter; it++) {
+        const int h = blk.hkv * p.kv_group + it / blk.n_q, q0 = (blk.q_tile0 + it % blk.n_q) * BR;
+        mbar_wait(&sh.empty[s], phase ^ 1);
+        if (lane == 0) {
+            mbar_expect_tx(&sh.full[s], 2 * BR * D * 2);
+            for (int c = 0; c < HALVES; c++) {
+                tma_load_4d(sh.sQ + (s * BR * D + c * BR * 64), &map_q, c * 64, q0, h, blk.b, &sh.full[s]);
+                tma_load_4d(sh.sdO + (s * BR * D + c * BR * 64), &map_do, c * 64, q0, h, blk.b, &sh.full[s]);
+            }
+        }
+        const float *lse = static_cast<const float *>(p.lse) + blk.b * p.lse_sb + h * p.lse_sh;
+        const float *delta = a.delta + ((int64_t)blk.b * p.H + h) * p.Sq;
+        for (int r = lane; r < BR; r += 32) {
+            const int q = q0 + r;
+            const float l = q < p.Sq ? __ldg(lse + q) : -INFINITY;
+            sh.sL[s * BR + r] = l == -INFINITY ? INFINITY : l * FS_LOG2E;
+            sh.sD[s * BR + r] = q < p.Sq ? __ldg(delta + q) : 0.f;
+        }
+        mbar_arrive(&sh.full[s]);
+        if (++s == STAGES) { s = 0; phase ^= 1; }
+    }
+}
+#endif
+
+#endif

@@ -1,0 +1,81 @@
+/* Hopper attention backward: the tile configuration in one place, the launch arguments and the kernel's shared memory
+ * (its size for the launch, its layout in device code). Host and device code include it. */
+#ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_TILE_CUH
+#define FLASHSCI_ATTENTION_SM90_BACKWARD_TILE_CUH
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "attention/params.h"
+#include "common/wgmma.cuh"
+
+/* ---- tile configuration, one place: per head dim the query tile Br a step streams, the key block Bc a block owns
+ * (two consumer warpgroups of 64 keys), the Q/dO ring's stages and the registers setmaxnreg gives a consumer thread
+ * (the producer warpgroup keeps 24). D = 128 takes Br = 64: dV and dK alone hold 128 of a thread's registers ---- */
+template <int D> struct fs_sm90_bwd_tile;
+/*                                        BR   BC   STAGES  REGS */
+template <> struct fs_sm90_bwd_tile<64>  { enum { BR = 128, BC = 128, STAGES = 2, REGS = 240 }; };
+template <> struct fs_sm90_bwd_tile<128> { enum { BR = 64, BC = 128, STAGES = 2, REGS = 240 }; };
+
+/* The constants of one instantiation. */
+template <int D_, typename T_, bool CAUSAL_> struct sm90_bwd_config {
+    using T = T_;
+    using tile = fs_sm90_bwd_tile<D_>;
+    static constexpr int D = D_, BR = tile::BR, BC = tile::BC, STAGES = tile::STAGES, NWG = 2, THREADS = 384;
+    static constexpr bool CAUSAL = CAUSAL_;
+    static constexpr int NQ = BR / 8; /* n8 column groups of S^T, dP^T (queries) */
+    static constexpr int NO = D / 8;  /* ... of dV, dK (head dim) */
+};
+
+/* dQ_i = dS K_j is 64 x 64 per consumer warpgroup (D = 64: rows 64 w .. of Br = 128; D = 128: columns 64 w ..), staged
+ * in rows of this many floats (64 + 8: the accumulator layout's float2 stores free of bank conflicts, 16-byte rows) */
+#define FS_SM90_BWD_DQ_PITCH 72
+
+typedef struct {
+    fs_attn_bwd_params g;
+    float scale_log2;    /* scale * log2(e) */
+    float scale;
+    float *dq_acc;       /* float32 [(b H + h) Sq + i][D], zeroed by the pre-pass */
+    const float *delta;  /* [(b H + h) Sq + i]: rowsum(dO o O) */
+    int n_kblocks;
+} fs_sm90_bwd_args;
+
+/* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two
+ * buffers of dS^T (64-query panels of Bc rows, as dQ's MN-major A), the dQ staging rows (2 x 64 of DQ_PITCH floats),
+ * STAGES buffers of L_i log2 e and D_i, the mbarriers; plus 1 KiB alignment slack */
+template <int D> constexpr int sm90_bwd_smem()
+{
+    using t = fs_sm90_bwd_tile<D>;
+    return (2 * t::BC * D + 2 * t::STAGES * t::BR * D + 2 * t::BC * t::BR) * 2 + 2 * 64 * FS_SM90_BWD_DQ_PITCH * 4 + 2 * t::STAGES * t::BR * 4 +
+           (1 + 2 * t::STAGES) * 8 + 1024;
+}
+
+#ifdef FS_WGMMA
+template <typename T> struct sm90_bwd_shared {
+    T *sK, *sV, *sQ, *sdO, *sdS;
+    float *sdQ, *sL, *sD;
+    uint64_t *kv_full, *full, *empty;
+};
+
+/* The layout of instantiation K in smem_raw, from its first 1024-byte boundary (wgmma's and TMA's swizzle atoms). */
+template <class K> FS_DEV_T sm90_bwd_shared<typename K::T> sm90_bwd_carve(unsigned char *smem_raw)
+{
+    using T = typename K::T;
+    constexpr int D = K::D, BR = K::BR, BC = K::BC, STAGES = K::STAGES;
+    sm90_bwd_shared<T> sh;
+    sh.sK = reinterpret_cast<T *>(smem_raw + __reduce_max_sync(0xffffffffu, (1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+    sh.sV = sh.sK + BC * D;
+    sh.sQ = sh.sV + BC * D;
+    sh.sdO = sh.sQ + STAGES * BR * D;
+    sh.sdS = sh.sdO + STAGES * BR * D;
+    sh.sdQ = reinterpret_cast<float *>(sh.sdS + 2 * BC * BR);
+    sh.sL = sh.sdQ + 2 * 64 * FS_SM90_BWD_DQ_PITCH;
+    sh.sD = sh.sL + STAGES * BR;
+    sh.kv_full = reinterpret_cast<uint64_t *>(sh.sD + STAGES * BR);
+    sh.full = sh.kv_full + 1;
+    sh.empty = sh.full + STAGES;
+    return sh;
+}
+#endif
+
+#endif
