@@ -25,6 +25,10 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, float *dq_acc, cons
     a.n_kblocks = (p->Sk + tile::BC - 1) / tile::BC;
     const int hkv = fs_kv_heads(p), bf16 = p->dtype == FS_BF16;
     const long long blocks = (long long)a.n_kblocks * hkv * p->B;
+    /* causal sections: the K/V heads whose q, k, v, dO and dQ accumulator take at most 24 MiB (per K/V head: its
+     * query heads' 8 Sq D bytes, its own 4 Sk D) */
+    const long long per_head = (8LL * p->Sq * p->kv_group + 4LL * p->Sk) * D, fit = (24LL << 20) / per_head;
+    a.section = fit < 1 ? 1 : fit < (long long)hkv * p->B ? (int)fit : hkv * p->B;
     if (blocks == 0) return cudaSuccess;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     CUtensorMap mq, mk, mv, mdo;

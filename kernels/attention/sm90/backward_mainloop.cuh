@@ -95,21 +95,6 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         sm90_pack_p<NQ, T>(st, pk);
         sm90_pack_p<NQ, T>(dp, dsk);
 
-        /* dV_j += P^T dO_i, dK_j += dS^T Q_i: Br / 16 k-steps of 16 query rows (2 KiB) each */
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BR / 16; kk++) {
-            const uint32_t af[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
-            wgmma_rs<D, T>(dv, af, desc_sw128(do_base + kk * 16 * 128, BR * 128, 1024));
-        }
-        wgmma_commit();
-#pragma unroll
-        for (int kk = 0; kk < BR / 16; kk++) {
-            const uint32_t af[4] = {dsk[2 * kk][0], dsk[2 * kk][1], dsk[2 * kk + 1][0], dsk[2 * kk + 1][1]};
-            wgmma_rs<D, T>(dk, af, desc_sw128(q_base + kk * 16 * 128, BR * 128, 1024));
-        }
-        wgmma_commit();
-
         /* dS^T into buffer it & 1 (the other warpgroup read the one before it ahead of the last barrier): panels of 64
          * queries, key rows of 128 bytes, 16-byte chunk x of row y at x ^ (y % 8). stmatrix: lane l addresses row l % 8
          * of matrix l / 8 (rows + 8 for odd matrices, the next 8 queries for matrices 2, 3) */
@@ -124,21 +109,34 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
             }
         }
         fence_proxy_async();
+
+        /* dV_j += P^T dO_i: Br / 16 k-steps of 16 query rows (2 KiB) each, while the other warpgroup's dS^T lands */
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; kk++) {
+            const uint32_t af[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
+            wgmma_rs<D, T>(dv, af, desc_sw128(do_base + kk * 16 * 128, BR * 128, 1024));
+        }
+        wgmma_commit();
         bwd_consumers_sync();
 
         /* dQ_i = dS K_j over the block's Bc keys: this warpgroup's 64 x 64 (D = 64: query panel cw, K's columns;
          * D = 128: query panel 0, K's half cw), Bc / 16 k-steps of 16 key rows */
         float dq[32];
         const uint32_t a_panel = D == 64 ? cw : 0, b_panel = D == 64 ? 0 : cw;
-        wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++)
             wgmma_ss_mn<64, T>(dq, desc_sw128(ds_buf + a_panel * BC * 128 + kk * 16 * 128, BC * 128, 1024),
                                desc_sw128(k_base + b_panel * BC * 128 + kk * 16 * 128, BC * 128, 1024), kk > 0);
         wgmma_commit();
-        wgmma_wait<0>();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&sh.empty[s]); /* Q_i, dO_i, L_i, D_i read */
+        /* dK_j += dS^T Q_i, running while dQ_i is staged */
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; kk++) {
+            const uint32_t af[4] = {dsk[2 * kk][0], dsk[2 * kk][1], dsk[2 * kk + 1][0], dsk[2 * kk + 1][1]};
+            wgmma_rs<D, T>(dk, af, desc_sw128(q_base + kk * 16 * 128, BR * 128, 1024));
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
 
         /* dQ_i staged by warp (its 16 rows, once their last reductions have read the staging rows) and added to the
          * accumulator, a row per lane of the first half-warp */
@@ -160,6 +158,9 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
                                     stage + lane * PITCH, 64 * 4);
             bulk_commit();
         }
+        wgmma_wait<0>();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&sh.empty[s]); /* Q_i, dO_i, L_i, D_i read */
         if (++s == STAGES) { s = 0; phase ^= 1; }
     }
     if (lane < 16) bulk_wait(); /* the reductions done before the block's shared memory goes */

@@ -13,18 +13,27 @@
 #ifdef FS_WGMMA
 /* A block's work: keys k0 .. k0 + Bc - 1 of K/V head hkv in batch b, and n_iter steps (query head of the group outer,
  * query tile inner) over the n_q query tiles from tile q_tile0 on (causal, top-left: the tiles before the key block's
- * first key see none of its keys). Causal blocks go in key-block order over all heads, heaviest first; the others take
- * one head's key blocks in turn (its Q and dO stay in L2). */
+ * first key see none of its keys). Non-causal blocks take one head's key blocks in turn (its Q, dO and dQ accumulator
+ * stay in L2); causal ones go in sections of a.section heads whose data fits in about half of L2, each section's key
+ * blocks heaviest (first) first. */
 typedef struct { int b, hkv, k0, q_tile0, n_q, n_iter; } sm90_bwd_block;
 template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_args &a)
 {
     const fs_attn_params &p = a.g.p;
-    const int hkv_count = p.H / p.kv_group, heads = hkv_count * p.B;
-    const int kt = K::CAUSAL ? (int)blockIdx.x / heads : (int)blockIdx.x % a.n_kblocks;
-    const int rest = K::CAUSAL ? (int)blockIdx.x % heads : (int)blockIdx.x / a.n_kblocks;
+    const int hkv_count = p.H / p.kv_group, heads = hkv_count * p.B, t = blockIdx.x;
+    int kt, head;
+    if (K::CAUSAL) {
+        const int first = t / (a.section * a.n_kblocks) * a.section, in = min(a.section, heads - first);
+        const int r = t - first * a.n_kblocks;
+        kt = r / in;
+        head = first + r % in;
+    } else {
+        kt = t % a.n_kblocks;
+        head = t / a.n_kblocks;
+    }
     sm90_bwd_block blk;
-    blk.hkv = rest % hkv_count;
-    blk.b = rest / hkv_count;
+    blk.hkv = head % hkv_count;
+    blk.b = head / hkv_count;
     blk.k0 = kt * K::BC;
     const int n_tiles = (p.Sq + K::BR - 1) / K::BR;
     blk.q_tile0 = K::CAUSAL ? min(blk.k0 / K::BR, n_tiles) : 0;
@@ -49,6 +58,23 @@ FS_DEV_T void sm90_bwd_producer(const sm90_bwd_shared<typename K::T> &sh, const 
             tma_load_4d(sh.sV + c * BC * 64, &map_v, c * 64, blk.k0, blk.hkv, blk.b, sh.kv_full);
         }
     }
+    /* step it's L_i log2 e and D_i, this lane's rows lane + 32 e, loaded into registers a step ahead of their stores
+     * (their latency hidden behind the wait for the stage) */
+    constexpr int PER = BR / 32;
+    float l2[PER], di[PER];
+    auto load_stats = [&](int it) {
+        const int h = blk.hkv * p.kv_group + it / blk.n_q, q0 = (blk.q_tile0 + it % blk.n_q) * BR;
+        const float *lse = static_cast<const float *>(p.lse) + blk.b * p.lse_sb + h * p.lse_sh;
+        const float *delta = a.delta + ((int64_t)blk.b * p.H + h) * p.Sq;
+#pragma unroll
+        for (int e = 0; e < PER; e++) {
+            const int q = q0 + lane + 32 * e;
+            const float l = q < p.Sq ? __ldg(lse + q) : -INFINITY;
+            l2[e] = l == -INFINITY ? INFINITY : l * FS_LOG2E;
+            di[e] = q < p.Sq ? __ldg(delta + q) : 0.f;
+        }
+    };
+    if (blk.n_iter > 0) load_stats(0);
     int s = 0, phase = 0;
     for (int it = 0; it < blk.n_iter; it++) {
         const int h = blk.hkv * p.kv_group + it / blk.n_q, q0 = (blk.q_tile0 + it % blk.n_q) * BR;
@@ -60,15 +86,13 @@ FS_DEV_T void sm90_bwd_producer(const sm90_bwd_shared<typename K::T> &sh, const 
                 tma_load_4d(sh.sdO + (s * BR * D + c * BR * 64), &map_do, c * 64, q0, h, blk.b, &sh.full[s]);
             }
         }
-        const float *lse = static_cast<const float *>(p.lse) + blk.b * p.lse_sb + h * p.lse_sh;
-        const float *delta = a.delta + ((int64_t)blk.b * p.H + h) * p.Sq;
-        for (int r = lane; r < BR; r += 32) {
-            const int q = q0 + r;
-            const float l = q < p.Sq ? __ldg(lse + q) : -INFINITY;
-            sh.sL[s * BR + r] = l == -INFINITY ? INFINITY : l * FS_LOG2E;
-            sh.sD[s * BR + r] = q < p.Sq ? __ldg(delta + q) : 0.f;
+#pragma unroll
+        for (int e = 0; e < PER; e++) {
+            sh.sL[s * BR + lane + 32 * e] = l2[e];
+            sh.sD[s * BR + lane + 32 * e] = di[e];
         }
         mbar_arrive(&sh.full[s]);
+        if (it + 1 < blk.n_iter) load_stats(it + 1);
         if (++s == STAGES) { s = 0; phase ^= 1; }
     }
 }

@@ -38,6 +38,7 @@ typedef struct {
     float *dq_acc;       /* float32 [(b H + h) Sq + i][D], zeroed by the pre-pass */
     const float *delta;  /* [(b H + h) Sq + i]: rowsum(dO o O) */
     int n_kblocks;
+    int section;         /* causal: K/V heads per section of the block order (sm90_bwd_block_of) */
 } fs_sm90_bwd_args;
 
 /* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two

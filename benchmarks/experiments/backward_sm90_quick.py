@@ -1,0 +1,38 @@
+"""Hopper attention backward, quick look: flashsci's backward against cuDNN's (SDPA) on a few shapes, TF/s and ratio
+in pairs of turns; with --one, a single flashsci backward of the first shape (for ncu).
+   python3 benchmarks/experiments/backward_sm90_quick.py [--one]"""
+import sys
+
+import torch
+
+import flashsci
+from flashsci.bench.backward import backward_sets, torch_backward
+from flashsci.bench.timing import event_turns_us, flops
+
+SHAPES = [(16, 32, 1024, 64, False), (16, 32, 1024, 64, True), (4, 32, 4096, 64, False), (4, 32, 4096, 64, True),
+          (16, 16, 1024, 128, False), (4, 16, 4096, 128, False), (4, 16, 4096, 128, True)]
+
+
+def main():
+    from torch.nn.attention import SDPBackend
+    if "--one" in sys.argv:
+        b, h, s, d, causal = SHAPES[0]
+        q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        out, lse = flashsci.attention(q, k, v, causal=causal, return_lse=True)
+        flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal)
+        torch.cuda.synchronize()
+        return
+    print(torch.cuda.get_device_name())
+    for b, h, s, d, causal in SHAPES:
+        sets = backward_sets(torch, b, h, s, d, torch.bfloat16, causal, {"cudnn": SDPBackend.CUDNN_ATTENTION})
+        fs = lambda q, k, v, dout, out, lse, theirs: flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal)
+        t = event_turns_us(torch, {"fs": fs, "cudnn": torch_backward(torch, "cudnn")}, sets)
+        f = 2.5 * flops(b, h, s, s, d, causal)
+        print(f"{b}x{h}x{s}x{d} causal={causal}: flashsci {t['fs']:.0f} us {f / t['fs'] / 1e6:.0f} TF/s, cuDNN {t['cudnn']:.0f} us "
+              f"{f / t['cudnn'] / 1e6:.0f} TF/s -> {t['cudnn'] / t['fs']:.3f}x", flush=True)
+        del sets
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
