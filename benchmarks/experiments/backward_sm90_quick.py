@@ -26,10 +26,14 @@ def main():
     for b, h, s, d, causal in SHAPES:
         sets = backward_sets(torch, b, h, s, d, torch.bfloat16, causal, {"cudnn": SDPBackend.CUDNN_ATTENTION})
         fs = lambda q, k, v, dout, out, lse, theirs: flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal)
+        det = lambda q, k, v, dout, out, lse, theirs: flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                                                                  deterministic=True)
         t = event_turns_us(torch, {"fs": fs, "cudnn": torch_backward(torch, "cudnn")}, sets)
+        td = event_turns_us(torch, {"fs": fs, "det": det}, sets)
         f = 2.5 * flops(b, h, s, s, d, causal)
         print(f"{b}x{h}x{s}x{d} causal={causal}: flashsci {t['fs']:.0f} us {f / t['fs'] / 1e6:.0f} TF/s, cuDNN {t['cudnn']:.0f} us "
-              f"{f / t['cudnn'] / 1e6:.0f} TF/s -> {t['cudnn'] / t['fs']:.3f}x", flush=True)
+              f"{f / t['cudnn'] / 1e6:.0f} TF/s -> {t['cudnn'] / t['fs']:.3f}x; deterministic {td['det'] / td['fs']:.2f}x the "
+              "time", flush=True)
         del sets
         torch.cuda.empty_cache()
 

@@ -20,9 +20,16 @@ static size_t align256(size_t x)
 /* The main kernel (and the deterministic dQ kernel) in g's dtype: the Hopper kernel where it may run and covers g. */
 static cudaError_t run_kernels(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
 {
-    if (w->sm90 && fs_sm90_backward_covers(g, w->rotary))
-        return g->p.dtype == FS_BF16 ? fs_sm90_backward_bf16(g, w->dq_acc, w->delta, device, stream)
-                                     : fs_sm90_backward_fp16(g, w->dq_acc, w->delta, device, stream);
+    if (w->sm90 && fs_sm90_backward_covers(g, w->rotary, w->rotary_dim)) {
+        /* deterministic runs: dk and dv here (no atomics), dQ by the portable dQ kernel */
+        const fs_sm90_bwd_work w90 = {w->dq_acc, w->delta, !g->deterministic, w->rotary, w->rotary_base};
+        cudaError_t err = g->p.dtype == FS_BF16 ? fs_sm90_backward_bf16(g, &w90, device, stream)
+                                                : fs_sm90_backward_fp16(g, &w90, device, stream);
+        if (err != cudaSuccess || !g->deterministic) return err;
+        fs_bwd_work wd = *w;
+        wd.dq_only = 1;
+        return g->p.dtype == FS_BF16 ? fs_sm80_backward_bf16(g, &wd, device, stream) : fs_sm80_backward_fp16(g, &wd, device, stream);
+    }
     return g->p.dtype == FS_BF16 ? fs_sm80_backward_bf16(g, w, device, stream) : fs_sm80_backward_fp16(g, w, device, stream);
 }
 
@@ -107,6 +114,7 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     const int Dp = fs_attention_run_dim(p->D), native = Dp == p->D;
     fs_bwd_work w;
     w.sm90 = sm90;
+    w.dq_only = 0;
     w.rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
     w.scale = (float)p->scale;
     w.rotary = p->rotary;

@@ -41,6 +41,12 @@ FS_DEV fs_seq seq_geometry(const fs_attn_params &p, int b)
     return s;
 }
 
+/* Row of (b, h, i) in the backward's float32 workspaces (Delta, dQ's accumulator): (B, H, Sq) padded, (H, total_q) packed. */
+FS_DEV int64_t fs_bwd_row(const fs_attn_params &p, int b, int h, int64_t qo, int i)
+{
+    return p.cu_seqlens_q ? (int64_t)h * p.total_q + qo + i : ((int64_t)b * p.H + h) * p.Sq + i;
+}
+
 /* The sequence of packed row r: the last i < n with cu[i] <= r (0 if none; values unchecked, as in the kernels). */
 FS_DEV int packed_sequence(const int32_t *cu, int n, int r)
 {

@@ -81,12 +81,6 @@ typedef struct {
     float *delta_out;
 } fs_bwd_args;
 
-/* Row of (b, h, i) in the float32 workspaces (Delta, dQ's accumulator): (B, H, Sq) padded, (H, total_q) packed. */
-FS_DEV int64_t fs_bwd_row(const fs_attn_params &p, int b, int h, int64_t qo, int i)
-{
-    return p.cu_seqlens_q ? (int64_t)h * p.total_q + qo + i : ((int64_t)b * p.H + h) * p.Sq + i;
-}
-
 /* ldmatrix lane offsets (elements) into a swizzled tile: off[j] addresses 16-byte chunk 2j + x of row `row` (row & 7 ==
  * lane & 7). The XOR touches only the low 3 bits of the chunk index, so chunk 2k + x of row row + 16m is
  * off[k & 3] + 64 (k >> 2) + 16 m P: four registers per operand, the rest compile-time constants. */

@@ -9,8 +9,8 @@
 #include "common/launch.cuh"
 
 /* One block per (key block, K/V head, batch). */
-template <int D, typename T, bool CAUSAL>
-static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, float *dq_acc, const float *delta, int device, cudaStream_t stream)
+template <int D, typename T, bool CAUSAL, bool DQ>
+static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream)
 {
     using tile = fs_sm90_bwd_tile<D>;
     constexpr int SMEM = sm90_bwd_smem<D>();
@@ -20,8 +20,10 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, float *dq_acc, cons
     a.g = *g;
     a.scale_log2 = (float)(p->scale * 1.4426950408889634);
     a.scale = (float)p->scale;
-    a.dq_acc = dq_acc;
-    a.delta = delta;
+    a.dq_acc = w->dq_acc;
+    a.delta = w->delta;
+    a.rotary = w->rotary;
+    a.rotary_base = w->rotary_base;
     a.n_kblocks = (p->Sk + tile::BC - 1) / tile::BC;
     const int hkv = fs_kv_heads(p), bf16 = p->dtype == FS_BF16;
     const long long blocks = (long long)a.n_kblocks * hkv * p->B;
@@ -31,27 +33,35 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, float *dq_acc, cons
     a.section = fit < 1 ? 1 : fit < (long long)hkv * p->B ? (int)fit : hkv * p->B;
     if (blocks == 0) return cudaSuccess;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    /* packed sequences: all rows as one batch */
+    const int sq = p->cu_seqlens_q ? (int)p->total_q : p->Sq, sk = p->cu_seqlens_q ? (int)p->total_k : p->Sk;
+    const int nb = p->cu_seqlens_q ? 1 : p->B;
     CUtensorMap mq, mk, mv, mdo;
-    cudaError_t err = sm90_map(&mq, p->q, bf16, p->Sq, p->H, p->B, D, p->q_ss, p->q_sh, p->q_sb, tile::BR);
-    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, p->Sk, hkv, p->B, D, p->k_ss, p->k_sh, p->k_sb, tile::BC);
-    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, p->Sk, hkv, p->B, D, p->v_ss, p->v_sh, p->v_sb, tile::BC);
-    if (err == cudaSuccess) err = sm90_map(&mdo, g->dout, bf16, p->Sq, p->H, p->B, D, g->do_ss, g->do_sh, g->do_sb, tile::BR);
-    if (err == cudaSuccess) err = fs_kernel_prepare((const void *)attention_bwd_sm90<D, T, CAUSAL>, &handle, SMEM, device);
+    cudaError_t err = sm90_map(&mq, p->q, bf16, sq, p->H, nb, D, p->q_ss, p->q_sh, p->q_sb, tile::BR);
+    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, hkv, nb, D, p->k_ss, p->k_sh, p->k_sb, tile::BC);
+    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, hkv, nb, D, p->v_ss, p->v_sh, p->v_sb, tile::BC);
+    if (err == cudaSuccess) err = sm90_map(&mdo, g->dout, bf16, sq, p->H, nb, D, g->do_ss, g->do_sh, g->do_sb, tile::BR);
+    if (err == cudaSuccess) err = fs_kernel_prepare((const void *)attention_bwd_sm90<D, T, CAUSAL, DQ>, &handle, SMEM, device);
     void *args[] = {&mq, &mk, &mv, &mdo, &a};
     if (err == cudaSuccess) err = fs_launch(&handle, device, (unsigned)blocks, 384, SMEM, stream, args);
     return err;
 }
 
-template <typename T>
-static cudaError_t bwd90_launch_dtype(const fs_attn_bwd_params *g, float *dq_acc, const float *delta, int device,
-                                      cudaStream_t stream)
+/* The instantiation for g: head dim, causal, dQ here or not. */
+template <int D, typename T>
+static cudaError_t bwd90_launch_d(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream)
 {
-    const bool causal = g->p.causal;
+    if (g->p.causal)
+        return w->dq ? bwd90_launch<D, T, true, true>(g, w, device, stream) : bwd90_launch<D, T, true, false>(g, w, device, stream);
+    return w->dq ? bwd90_launch<D, T, false, true>(g, w, device, stream) : bwd90_launch<D, T, false, false>(g, w, device, stream);
+}
+
+template <typename T>
+static cudaError_t bwd90_launch_dtype(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream)
+{
     switch (g->p.D) {
-    case 64: return causal ? bwd90_launch<64, T, true>(g, dq_acc, delta, device, stream)
-                           : bwd90_launch<64, T, false>(g, dq_acc, delta, device, stream);
-    case 128: return causal ? bwd90_launch<128, T, true>(g, dq_acc, delta, device, stream)
-                            : bwd90_launch<128, T, false>(g, dq_acc, delta, device, stream);
+    case 64: return bwd90_launch_d<64, T>(g, w, device, stream);
+    case 128: return bwd90_launch_d<128, T>(g, w, device, stream);
     default: return cudaErrorNotSupported;
     }
 }

@@ -12,6 +12,7 @@
 
 #include <math.h>
 
+#include "attention/rotary/rotary.cuh"
 #include "attention/sm90/backward_producer.cuh"
 #include "attention/sm90/backward_tile.cuh"
 #include "attention/sm90/softmax.cuh"
@@ -20,6 +21,11 @@
 #ifdef FS_WGMMA
 /* Both consumer warpgroups (256 threads) at named barrier 1: each one's dS^T is in shared memory. */
 FS_DEV void bwd_consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+/* Named barriers 2, 3 order the warpgroups' S^T and dP^T issues (warpgroup cw waits at 2 + cw for the other's pass): the
+ * tensor cores run the first warpgroup's pair ahead of the second's, so one's P^T and dS^T overlap the other's GEMMs
+ * rather than both waiting on products issued together. */
+FS_DEV void bwd_turn_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + cw) : "memory"); }
+FS_DEV void bwd_turn_pass(int cw) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + (cw ^ 1)) : "memory"); }
 
 /* A consumer thread's whole work for its block (consumer warpgroup cw = 0, 1). */
 template <class K>
@@ -33,11 +39,20 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
     const fs_attn_params &p = g.p;
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gr = lane >> 2, t4 = lane & 3;
     const int key0 = blk.k0 + cw * 64 + warp * 16 + gr; /* this thread's keys: key0, key0 + 8 */
+    const int q_len = blk.seq.q_len, k_len = blk.seq.k_len;
+    /* keys the key padding mask drops (P = 0) */
+    bool kept[2] = {true, true};
+    if (p.kpm)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            kept[r] = key0 + 8 * r < k_len && p.kpm[blk.b * p.kpm_sb + (int64_t)(key0 + 8 * r) * p.kpm_sk];
+    const bool dropped = !kept[0] || !kept[1];
     const uint32_t k_base = smem_addr(sh.sK), v_base = smem_addr(sh.sV), ds_base = smem_addr(sh.sdS);
     float dv[NO * 4], dk[NO * 4];
 #pragma unroll
     for (int i = 0; i < NO * 4; i++) dv[i] = dk[i] = 0.f;
     mbar_wait(sh.kv_full, 0);
+    if (cw == 1 && blk.n_iter > 0) bwd_turn_pass(cw); /* warpgroup 0 issues first */
     int s = 0, phase = 0;
     for (int it = 0; it < blk.n_iter; it++) {
         const int h = blk.hkv * p.kv_group + it / blk.n_q, q0 = (blk.q_tile0 + it % blk.n_q) * BR;
@@ -47,6 +62,7 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         /* S^T = K_j Q_i^T, dP^T = V_j dO_i^T: this warpgroup's 64 keys (rows 64 cw ..) x Br queries, D / 16 k-steps of
          * 32 bytes along a 128-byte row (the next 64-column half at kk = 4) */
         float st[NQ * 4], dp[NQ * 4];
+        bwd_turn_wait(cw);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
@@ -60,10 +76,11 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
             wgmma_ss<BR, T>(dp, desc_sw128(v_base + ka, 16, 1024), desc_sw128(do_base + qa, 16, 1024), kk > 0);
         }
         wgmma_commit();
+        bwd_turn_pass(cw);
 
         /* P^T = exp2(S^T c - L_i log2 e) while dP^T lands; element (n, r, c): key key0 + 8r, query q0 + 8n + 2 t4 + c */
         const float *L = sh.sL + s * BR, *Di = sh.sD + s * BR;
-        const bool masked = (K::CAUSAL && blk.k0 + cw * 64 + 63 > q0) || blk.k0 + BC > p.Sk; /* uniform: the warpgroup's */
+        const bool masked = (K::CAUSAL && blk.k0 + cw * 64 + 63 > q0) || blk.k0 + BC > k_len || dropped;
         wgmma_wait<1>();
 #pragma unroll
         for (int n = 0; n < NQ; n++) {
@@ -76,7 +93,7 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
                     x = exp2_approx(fmaf(x, a.scale_log2, -(c ? l2.y : l2.x)));
                     if (masked) {
                         const int key = key0 + 8 * r, query = q0 + 8 * n + 2 * t4 + c;
-                        if (key >= p.Sk || (K::CAUSAL && key > query)) x = 0.f;
+                        if (key >= k_len || (K::CAUSAL && key > query) || !kept[r]) x = 0.f;
                     }
                 }
         }
@@ -99,7 +116,7 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
          * queries, key rows of 128 bytes, 16-byte chunk x of row y at x ^ (y % 8). stmatrix: lane l addresses row l % 8
          * of matrix l / 8 (rows + 8 for odd matrices, the next 8 queries for matrices 2, 3) */
         const uint32_t ds_buf = ds_base + (it & 1) * BC * BR * 2;
-        {
+        if constexpr (K::DQ) {
             const int row = cw * 64 + warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
             for (int kk = 0; kk < BR / 16; kk++) {
@@ -107,8 +124,8 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
                 stmatrix_x4(ds_buf + (qc >> 3) * BC * 128 + row * 128 + (((qc & 7) ^ (lane & 7)) << 4), dsk[2 * kk][0],
                             dsk[2 * kk][1], dsk[2 * kk + 1][0], dsk[2 * kk + 1][1]);
             }
+            fence_proxy_async();
         }
-        fence_proxy_async();
 
         /* dV_j += P^T dO_i: Br / 16 k-steps of 16 query rows (2 KiB) each, while the other warpgroup's dS^T lands */
         wgmma_fence();
@@ -118,17 +135,18 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
             wgmma_rs<D, T>(dv, af, desc_sw128(do_base + kk * 16 * 128, BR * 128, 1024));
         }
         wgmma_commit();
-        bwd_consumers_sync();
-
-        /* dQ_i = dS K_j over the block's Bc keys: this warpgroup's 64 x 64 (D = 64: query panel cw, K's columns;
-         * D = 128: query panel 0, K's half cw), Bc / 16 k-steps of 16 key rows */
-        float dq[32];
-        const uint32_t a_panel = D == 64 ? cw : 0, b_panel = D == 64 ? 0 : cw;
+        float dq[K::DQ ? 32 : 1];
+        if constexpr (K::DQ) {
+            bwd_consumers_sync();
+            /* dQ_i = dS K_j over the block's Bc keys: this warpgroup's 64 x 64 (D = 64: query panel cw, K's columns;
+             * D = 128: query panel 0, K's half cw), Bc / 16 k-steps of 16 key rows */
+            const uint32_t a_panel = D == 64 ? cw : 0, b_panel = D == 64 ? 0 : cw;
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++)
-            wgmma_ss_mn<64, T>(dq, desc_sw128(ds_buf + a_panel * BC * 128 + kk * 16 * 128, BC * 128, 1024),
-                               desc_sw128(k_base + b_panel * BC * 128 + kk * 16 * 128, BC * 128, 1024), kk > 0);
-        wgmma_commit();
+            for (int kk = 0; kk < BC / 16; kk++)
+                wgmma_ss_mn<64, T>(dq, desc_sw128(ds_buf + a_panel * BC * 128 + kk * 16 * 128, BC * 128, 1024),
+                                   desc_sw128(k_base + b_panel * BC * 128 + kk * 16 * 128, BC * 128, 1024), kk > 0);
+            wgmma_commit();
+        }
         /* dK_j += dS^T Q_i, running while dQ_i is staged */
 #pragma unroll
         for (int kk = 0; kk < BR / 16; kk++) {
@@ -136,46 +154,69 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
             wgmma_rs<D, T>(dk, af, desc_sw128(q_base + kk * 16 * 128, BR * 128, 1024));
         }
         wgmma_commit();
-        wgmma_wait<1>();
-
-        /* dQ_i staged by warp (its 16 rows, once their last reductions have read the staging rows) and added to the
-         * accumulator, a row per lane of the first half-warp */
-        float *stage = sh.sdQ + (cw * 64 + warp * 16) * PITCH;
-        if (lane < 16) bulk_wait_read();
-        __syncwarp();
+        if constexpr (K::DQ) {
+            wgmma_wait<1>();
+            /* dQ_i staged by warp (its 16 rows, once their last reductions have read the staging rows) and added to the
+             * accumulator, a row per lane of the first half-warp */
+            float *stage = sh.sdQ + (cw * 64 + warp * 16) * PITCH;
+            if (lane < 16) bulk_wait_read();
+            __syncwarp();
 #pragma unroll
-        for (int n = 0; n < 8; n++)
+            for (int n = 0; n < 8; n++)
 #pragma unroll
-            for (int r = 0; r < 2; r++)
-                *reinterpret_cast<float2 *>(stage + (gr + 8 * r) * PITCH + 8 * n + 2 * t4) =
-                    make_float2(dq[4 * n + 2 * r], dq[4 * n + 2 * r + 1]);
-        fence_proxy_async();
-        __syncwarp();
-        if (lane < 16) {
-            const int q = q0 + (D == 64 ? cw * 64 : 0) + warp * 16 + lane;
-            if (q < p.Sq)
-                bulk_reduce_add_f32(a.dq_acc + (((int64_t)blk.b * p.H + h) * p.Sq + q) * D + (D == 64 ? 0 : cw * 64),
-                                    stage + lane * PITCH, 64 * 4);
-            bulk_commit();
+                for (int r = 0; r < 2; r++)
+                    *reinterpret_cast<float2 *>(stage + (gr + 8 * r) * PITCH + 8 * n + 2 * t4) =
+                        make_float2(dq[4 * n + 2 * r], dq[4 * n + 2 * r + 1]);
+            fence_proxy_async();
+            __syncwarp();
+            if (lane < 16) {
+                const int q = q0 + (D == 64 ? cw * 64 : 0) + warp * 16 + lane;
+                if (q < q_len)
+                    bulk_reduce_add_f32(a.dq_acc + fs_bwd_row(p, blk.b, h, blk.seq.qo, q) * D + (D == 64 ? 0 : cw * 64),
+                                        stage + lane * PITCH, 64 * 4);
+                bulk_commit();
+            }
         }
         wgmma_wait<0>();
         __syncwarp();
         if (lane == 0) mbar_arrive(&sh.empty[s]); /* Q_i, dO_i, L_i, D_i read */
         if (++s == STAGES) { s = 0; phase ^= 1; }
     }
+    if (cw == 0 && blk.n_iter > 0) bwd_turn_wait(cw); /* the last pass to warpgroup 0 taken (barrier counts balanced) */
     if (lane < 16) bulk_wait(); /* the reductions done before the block's shared memory goes */
 
-    /* dV_j and scale dK_j, this thread's key rows key0, key0 + 8 (inside Sk) */
+    /* dV_j and dK_j scaled (and rotated back: column c pairs with c + D / 2, both this thread's), this thread's key
+     * rows key0, key0 + 8: inside the sequence, zeros past it in a padded batch (none for packed rows) */
+    if (a.rotary)
+#pragma unroll
+        for (int n = 0; n < NO / 2; n++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const float inv_freq = rotary_inv_freq(8 * n + 2 * t4 + c, D, a.rotary_base);
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float s_, c_;
+                    sincos_reduced((float)(key0 + 8 * r) * inv_freq, &s_, &c_);
+                    float &lo = dk[4 * n + 2 * r + c], &hi = dk[4 * (n + NO / 2) + 2 * r + c];
+                    const float x = lo, y = hi;
+                    lo = x * c_ + y * s_;
+                    hi = y * c_ - x * s_;
+                }
+            }
+    const int rows = p.cu_seqlens_q ? k_len : p.Sk;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int key = key0 + 8 * r;
-        if (key >= p.Sk) continue;
-        T *dvp = static_cast<T *>(g.dv) + blk.b * g.dv_sb + blk.hkv * g.dv_sh + (int64_t)key * g.dv_ss + 2 * t4;
-        T *dkp = static_cast<T *>(g.dk) + blk.b * g.dk_sb + blk.hkv * g.dk_sh + (int64_t)key * g.dk_ss + 2 * t4;
+        if (key >= rows) continue;
+        const float keep = key < k_len ? 1.f : 0.f;
+        const int64_t at = (int64_t)(blk.seq.ko + key);
+        T *dvp = static_cast<T *>(g.dv) + blk.tb * g.dv_sb + blk.hkv * g.dv_sh + at * g.dv_ss + 2 * t4;
+        T *dkp = static_cast<T *>(g.dk) + blk.tb * g.dk_sb + blk.hkv * g.dk_sh + at * g.dk_ss + 2 * t4;
 #pragma unroll
         for (int n = 0; n < NO; n++) {
-            *reinterpret_cast<uint32_t *>(dvp + 8 * n) = pack2<T>(dv[4 * n + 2 * r], dv[4 * n + 2 * r + 1]);
-            *reinterpret_cast<uint32_t *>(dkp + 8 * n) = pack2<T>(dk[4 * n + 2 * r] * a.scale, dk[4 * n + 2 * r + 1] * a.scale);
+            *reinterpret_cast<uint32_t *>(dvp + 8 * n) = pack2<T>(dv[4 * n + 2 * r] * keep, dv[4 * n + 2 * r + 1] * keep);
+            *reinterpret_cast<uint32_t *>(dkp + 8 * n) =
+                pack2<T>(dk[4 * n + 2 * r] * a.scale * keep, dk[4 * n + 2 * r + 1] * a.scale * keep);
         }
     }
 }

@@ -15,8 +15,13 @@
  * query tile inner) over the n_q query tiles from tile q_tile0 on (causal, top-left: the tiles before the key block's
  * first key see none of its keys). Non-causal blocks take one head's key blocks in turn (its Q, dO and dQ accumulator
  * stay in L2); causal ones go in sections of a.section heads whose data fits in about half of L2, each section's key
- * blocks heaviest (first) first. */
-typedef struct { int b, hkv, k0, q_tile0, n_q, n_iter; } sm90_bwd_block;
+ * blocks heaviest (first) first. Packed sequences and seqlens: the batch's own lengths (a key block past them has no
+ * step). */
+typedef struct {
+    int b, hkv, k0, q_tile0, n_q, n_iter;
+    int tb;    /* the batch coordinate of the tensor maps: b, or 0 for packed rows */
+    fs_seq seq; /* the sequence's rows (packed: from qo / ko of the packed tensors) and lengths */
+} sm90_bwd_block;
 template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_args &a)
 {
     const fs_attn_params &p = a.g.p;
@@ -35,7 +40,9 @@ template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_a
     blk.hkv = head % hkv_count;
     blk.b = head / hkv_count;
     blk.k0 = kt * K::BC;
-    const int n_tiles = (p.Sq + K::BR - 1) / K::BR;
+    blk.seq = seq_geometry(p, blk.b);
+    blk.tb = p.cu_seqlens_q ? 0 : blk.b;
+    const int n_tiles = blk.k0 < blk.seq.k_len ? (blk.seq.q_len + K::BR - 1) / K::BR : 0;
     blk.q_tile0 = K::CAUSAL ? min(blk.k0 / K::BR, n_tiles) : 0;
     blk.n_q = n_tiles - blk.q_tile0;
     blk.n_iter = p.kv_group * blk.n_q;
@@ -43,7 +50,8 @@ template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_a
 }
 
 /* The producer warp's whole work for its block (lane: its lane). Stage s is full once the TMA bytes of Q_i and dO_i
- * have landed and the 32 lanes have written L_i log2 e (+inf past the sequence and for rows with no key: P = 0) and D_i. */
+ * have landed and the 32 lanes have written L_i log2 e (+inf past the sequence and for rows with no key: P = 0) and D_i
+ * (0 past the sequence). */
 template <class K>
 FS_DEV_T void sm90_bwd_producer(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_q, const CUtensorMap &map_k,
                                 const CUtensorMap &map_v, const CUtensorMap &map_do, const fs_sm90_bwd_args &a,
@@ -54,8 +62,8 @@ FS_DEV_T void sm90_bwd_producer(const sm90_bwd_shared<typename K::T> &sh, const 
     if (lane == 0) {
         mbar_expect_tx(sh.kv_full, 2 * BC * D * 2);
         for (int c = 0; c < HALVES; c++) {
-            tma_load_4d(sh.sK + c * BC * 64, &map_k, c * 64, blk.k0, blk.hkv, blk.b, sh.kv_full);
-            tma_load_4d(sh.sV + c * BC * 64, &map_v, c * 64, blk.k0, blk.hkv, blk.b, sh.kv_full);
+            tma_load_4d(sh.sK + c * BC * 64, &map_k, c * 64, (int)blk.seq.ko + blk.k0, blk.hkv, blk.tb, sh.kv_full);
+            tma_load_4d(sh.sV + c * BC * 64, &map_v, c * 64, (int)blk.seq.ko + blk.k0, blk.hkv, blk.tb, sh.kv_full);
         }
     }
     /* step it's L_i log2 e and D_i, this lane's rows lane + 32 e, loaded into registers a step ahead of their stores
@@ -64,14 +72,14 @@ FS_DEV_T void sm90_bwd_producer(const sm90_bwd_shared<typename K::T> &sh, const 
     float l2[PER], di[PER];
     auto load_stats = [&](int it) {
         const int h = blk.hkv * p.kv_group + it / blk.n_q, q0 = (blk.q_tile0 + it % blk.n_q) * BR;
-        const float *lse = static_cast<const float *>(p.lse) + blk.b * p.lse_sb + h * p.lse_sh;
-        const float *delta = a.delta + ((int64_t)blk.b * p.H + h) * p.Sq;
+        const float *lse = static_cast<const float *>(p.lse) + blk.b * p.lse_sb + h * p.lse_sh + blk.seq.qo;
+        const float *delta = a.delta + fs_bwd_row(p, blk.b, h, blk.seq.qo, 0);
 #pragma unroll
         for (int e = 0; e < PER; e++) {
             const int q = q0 + lane + 32 * e;
-            const float l = q < p.Sq ? __ldg(lse + q) : -INFINITY;
+            const float l = q < blk.seq.q_len ? __ldg(lse + q) : -INFINITY;
             l2[e] = l == -INFINITY ? INFINITY : l * FS_LOG2E;
-            di[e] = q < p.Sq ? __ldg(delta + q) : 0.f;
+            di[e] = q < blk.seq.q_len ? __ldg(delta + q) : 0.f;
         }
     };
     if (blk.n_iter > 0) load_stats(0);
@@ -82,8 +90,9 @@ FS_DEV_T void sm90_bwd_producer(const sm90_bwd_shared<typename K::T> &sh, const 
         if (lane == 0) {
             mbar_expect_tx(&sh.full[s], 2 * BR * D * 2);
             for (int c = 0; c < HALVES; c++) {
-                tma_load_4d(sh.sQ + (s * BR * D + c * BR * 64), &map_q, c * 64, q0, h, blk.b, &sh.full[s]);
-                tma_load_4d(sh.sdO + (s * BR * D + c * BR * 64), &map_do, c * 64, q0, h, blk.b, &sh.full[s]);
+                const int row = (int)blk.seq.qo + q0;
+                tma_load_4d(sh.sQ + (s * BR * D + c * BR * 64), &map_q, c * 64, row, h, blk.tb, &sh.full[s]);
+                tma_load_4d(sh.sdO + (s * BR * D + c * BR * 64), &map_do, c * 64, row, h, blk.tb, &sh.full[s]);
             }
         }
 #pragma unroll

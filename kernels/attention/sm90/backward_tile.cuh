@@ -17,12 +17,12 @@ template <int D> struct fs_sm90_bwd_tile;
 template <> struct fs_sm90_bwd_tile<64>  { enum { BR = 128, BC = 128, STAGES = 2, REGS = 240 }; };
 template <> struct fs_sm90_bwd_tile<128> { enum { BR = 64, BC = 128, STAGES = 2, REGS = 240 }; };
 
-/* The constants of one instantiation. */
-template <int D_, typename T_, bool CAUSAL_> struct sm90_bwd_config {
+/* The constants of one instantiation (DQ: dQ here; else dk and dv only, for the deterministic dQ kernel). */
+template <int D_, typename T_, bool CAUSAL_, bool DQ_> struct sm90_bwd_config {
     using T = T_;
     using tile = fs_sm90_bwd_tile<D_>;
     static constexpr int D = D_, BR = tile::BR, BC = tile::BC, STAGES = tile::STAGES, NWG = 2, THREADS = 384;
-    static constexpr bool CAUSAL = CAUSAL_;
+    static constexpr bool CAUSAL = CAUSAL_, DQ = DQ_;
     static constexpr int NQ = BR / 8; /* n8 column groups of S^T, dP^T (queries) */
     static constexpr int NO = D / 8;  /* ... of dV, dK (head dim) */
 };
@@ -32,13 +32,16 @@ template <int D_, typename T_, bool CAUSAL_> struct sm90_bwd_config {
 #define FS_SM90_BWD_DQ_PITCH 72
 
 typedef struct {
-    fs_attn_bwd_params g;
+    fs_attn_bwd_params g; /* g.p: q and k as the kernel reads them (rotated by the dispatcher's pre-pass, rotary off) */
     float scale_log2;    /* scale * log2(e) */
     float scale;
-    float *dq_acc;       /* float32 [(b H + h) Sq + i][D], zeroed by the pre-pass */
-    const float *delta;  /* [(b H + h) Sq + i]: rowsum(dO o O) */
+    float *dq_acc;       /* float32 rows of D at fs_bwd_row: ((b H + h) Sq + i) padded, (h total_q + qo + i) packed;
+                          * zeroed by the pre-pass */
+    const float *delta;  /* rowsum(dO o O), one float per row as above */
     int n_kblocks;
     int section;         /* causal: K/V heads per section of the block order (sm90_bwd_block_of) */
+    int rotary;          /* rotate dK back (the forward rotated k by rotary_base over all D columns) */
+    float rotary_base;
 } fs_sm90_bwd_args;
 
 /* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two
