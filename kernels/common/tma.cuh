@@ -74,13 +74,6 @@ FS_DEV void tma_store_4d(const CUtensorMap *map, const void *src, int c0, int c1
     asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
                  ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src)) : "memory");
 }
-/* Bulk reduction (no tensor map): bytes (a multiple of 16; both addresses 16-byte aligned) of float32 in shared memory
- * added element-wise into global memory, in this thread's current bulk group. */
-FS_DEV void bulk_reduce_add_f32(float *dst, const void *src, uint32_t bytes)
-{
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                 ::"l"(dst), "r"(smem_addr(src)), "r"(bytes) : "memory");
-}
 FS_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /* Wait until this thread's bulk groups have read their shared memory (the buffer may be rewritten) ... */
 FS_DEV void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }

@@ -6,7 +6,8 @@
  *   dS^T = P^T o (dP^T - D_i)
  *   dV_j += P^T dO_i, dK_j += dS^T Q_i        (wgmma, P^T and dS^T from registers, dO_i and Q_i MN-major)
  *   dQ_i += dS K_j                            (dS^T through shared memory as an MN-major A; both warpgroups' keys)
- * dQ_i goes to the float32 accumulator by bulk reductions (cp.reduce.async.bulk .add.f32), one per staged row. */
+ * dQ_i goes to the float32 accumulator by float2 atomics from registers (staged in shared memory for bulk reductions,
+ * it ran 6-10% slower: the SS GEMMs here already keep shared memory busy). */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_MAINLOOP_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_MAINLOOP_CUH
 
@@ -34,7 +35,6 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
 {
     using T = typename K::T;
     constexpr int D = K::D, BR = K::BR, BC = K::BC, STAGES = K::STAGES, NQ = K::NQ, NO = K::NO;
-    constexpr int PITCH = FS_SM90_BWD_DQ_PITCH;
     const fs_attn_bwd_params &g = a.g;
     const fs_attn_params &p = g.p;
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gr = lane >> 2, t4 = lane & 3;
@@ -147,7 +147,7 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
                                    desc_sw128(k_base + b_panel * BC * 128 + kk * 16 * 128, BC * 128, 1024), kk > 0);
             wgmma_commit();
         }
-        /* dK_j += dS^T Q_i, running while dQ_i is staged */
+        /* dK_j += dS^T Q_i, running while dQ_i is added */
 #pragma unroll
         for (int kk = 0; kk < BR / 16; kk++) {
             const uint32_t af[4] = {dsk[2 * kk][0], dsk[2 * kk][1], dsk[2 * kk + 1][0], dsk[2 * kk + 1][1]};
@@ -156,25 +156,16 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         wgmma_commit();
         if constexpr (K::DQ) {
             wgmma_wait<1>();
-            /* dQ_i staged by warp (its 16 rows, once their last reductions have read the staging rows) and added to the
-             * accumulator, a row per lane of the first half-warp */
-            float *stage = sh.sdQ + (cw * 64 + warp * 16) * PITCH;
-            if (lane < 16) bulk_wait_read();
-            __syncwarp();
+            /* dQ_i added into the accumulator: float2 atomics (red.global.add.v2.f32), this thread's rows and pairs */
 #pragma unroll
-            for (int n = 0; n < 8; n++)
+            for (int r = 0; r < 2; r++) {
+                const int q = q0 + (D == 64 ? cw * 64 : 0) + warp * 16 + gr + 8 * r;
+                if (q < q_len) {
+                    float *dst = a.dq_acc + fs_bwd_row(p, blk.b, h, blk.seq.qo, q) * D + (D == 64 ? 0 : cw * 64) + 2 * t4;
 #pragma unroll
-                for (int r = 0; r < 2; r++)
-                    *reinterpret_cast<float2 *>(stage + (gr + 8 * r) * PITCH + 8 * n + 2 * t4) =
-                        make_float2(dq[4 * n + 2 * r], dq[4 * n + 2 * r + 1]);
-            fence_proxy_async();
-            __syncwarp();
-            if (lane < 16) {
-                const int q = q0 + (D == 64 ? cw * 64 : 0) + warp * 16 + lane;
-                if (q < q_len)
-                    bulk_reduce_add_f32(a.dq_acc + fs_bwd_row(p, blk.b, h, blk.seq.qo, q) * D + (D == 64 ? 0 : cw * 64),
-                                        stage + lane * PITCH, 64 * 4);
-                bulk_commit();
+                    for (int n = 0; n < 8; n++)
+                        atomicAdd(reinterpret_cast<float2 *>(dst + 8 * n), make_float2(dq[4 * n + 2 * r], dq[4 * n + 2 * r + 1]));
+                }
             }
         }
         wgmma_wait<0>();
@@ -183,7 +174,6 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         if (++s == STAGES) { s = 0; phase ^= 1; }
     }
     if (cw == 0 && blk.n_iter > 0) bwd_turn_wait(cw); /* the last pass to warpgroup 0 taken (barrier counts balanced) */
-    if (lane < 16) bulk_wait(); /* the reductions done before the block's shared memory goes */
 
     /* dV_j and dK_j scaled (and rotated back: column c pairs with c + D / 2, both this thread's), this thread's key
      * rows key0, key0 + 8: inside the sequence, zeros past it in a padded batch (none for packed rows) */

@@ -27,9 +27,6 @@ template <int D_, typename T_, bool CAUSAL_, bool DQ_> struct sm90_bwd_config {
     static constexpr int NO = D / 8;  /* ... of dV, dK (head dim) */
 };
 
-/* dQ_i = dS K_j is 64 x 64 per consumer warpgroup (D = 64: rows 64 w .. of Br = 128; D = 128: columns 64 w ..), staged
- * in rows of this many floats (64 + 8: the accumulator layout's float2 stores free of bank conflicts, 16-byte rows) */
-#define FS_SM90_BWD_DQ_PITCH 72
 
 typedef struct {
     fs_attn_bwd_params g; /* g.p: q and k as the kernel reads them (rotated by the dispatcher's pre-pass, rotary off) */
@@ -45,19 +42,19 @@ typedef struct {
 } fs_sm90_bwd_args;
 
 /* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two
- * buffers of dS^T (64-query panels of Bc rows, as dQ's MN-major A), the dQ staging rows (2 x 64 of DQ_PITCH floats),
- * STAGES buffers of L_i log2 e and D_i, the mbarriers; plus 1 KiB alignment slack */
+ * buffers of dS^T (64-query panels of Bc rows, as dQ's MN-major A), STAGES buffers of L_i log2 e and D_i, the
+ * mbarriers; plus 1 KiB alignment slack */
 template <int D> constexpr int sm90_bwd_smem()
 {
     using t = fs_sm90_bwd_tile<D>;
-    return (2 * t::BC * D + 2 * t::STAGES * t::BR * D + 2 * t::BC * t::BR) * 2 + 2 * 64 * FS_SM90_BWD_DQ_PITCH * 4 + 2 * t::STAGES * t::BR * 4 +
+    return (2 * t::BC * D + 2 * t::STAGES * t::BR * D + 2 * t::BC * t::BR) * 2 + 2 * t::STAGES * t::BR * 4 +
            (1 + 2 * t::STAGES) * 8 + 1024;
 }
 
 #ifdef FS_WGMMA
 template <typename T> struct sm90_bwd_shared {
     T *sK, *sV, *sQ, *sdO, *sdS;
-    float *sdQ, *sL, *sD;
+    float *sL, *sD;
     uint64_t *kv_full, *full, *empty;
 };
 
@@ -72,8 +69,7 @@ template <class K> FS_DEV_T sm90_bwd_shared<typename K::T> sm90_bwd_carve(unsign
     sh.sQ = sh.sV + BC * D;
     sh.sdO = sh.sQ + STAGES * BR * D;
     sh.sdS = sh.sdO + STAGES * BR * D;
-    sh.sdQ = reinterpret_cast<float *>(sh.sdS + 2 * BC * BR);
-    sh.sL = sh.sdQ + 2 * 64 * FS_SM90_BWD_DQ_PITCH;
+    sh.sL = reinterpret_cast<float *>(sh.sdS + 2 * BC * BR);
     sh.sD = sh.sL + STAGES * BR;
     sh.kv_full = reinterpret_cast<uint64_t *>(sh.sD + STAGES * BR);
     sh.full = sh.kv_full + 1;

@@ -1,7 +1,8 @@
 """Benchmark of the attention backward against torch (python -m flashsci.bench --sets backward).
 
-- sweep: B * S = 16384, H * D = 2048, D = 64 and 128, causal and not: flashsci.attention_backward against the backward
-  of SDPA's FlashAttention-2 backend and of its cuDNN backend (torch.autograd.grad of an output whose forward ran on
+- sweep: B * S = 16384, H * D = 2048, D = 64 and 128, causal and not: flashsci.attention_backward (and its
+  deterministic=True run, against the default) against the backward of SDPA's FlashAttention-2 backend and of its cuDNN
+  backend (torch.autograd.grad of an output whose forward ran on
   that backend, retain_graph, so the backward alone is timed); the protein shapes ESM2-3B (8, 40, 1024, 64) and
   ProtT5-XL (8, 32, 1024, 128) likewise.
 - varlen: ESM2-3B heads on 16k-token batches of real UniProt lengths (random order): attention_varlen_backward on the
@@ -75,6 +76,11 @@ def bench_dense(torch, dtype, causal, label, b, h, s, d):
         row[f"{n} TF/s"] = bwd_flops / t / 1e6 if t else None
         row[f"speedup vs {n}"] = t / fs_t if t else None
     row["flashsci TF/s"] = bwd_flops / pairs["flash"][0] / 1e6
+    det = lambda q, k, v, dout, out, lse, theirs: flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                                                              deterministic=True)
+    t = event_turns_us(torch, {"fs": fs, "det": det}, sets)
+    row["deterministic us"] = t["det"]
+    row["deterministic / default"] = t["det"] / t["fs"]
     q, k, v, dout, out, lse, theirs = sets[0]
     mine = fs(*sets[0])
     ref = torch_backward(torch, "flash")(*sets[0]) if theirs["flash"] else None
@@ -157,15 +163,17 @@ def _markdown(rows, meta):
            f"torch {meta['torch']}, cuDNN {meta['cudnn']}, {meta['dtype']}, {meta['date']}. Backward alone (µs, CUDA "
            "events, median); TF/s with 2.5x the forward FLOPs. flashsci is timed in a pair with each torch backend; "
            "speedup = torch time / flashsci time within the pair.", "",
-           "| set | B×H×S×D | causal | flashsci µs | TF/s | FA2 µs | FA2 TF/s | vs FA2 | cuDNN µs | cuDNN TF/s | vs cuDNN |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "deterministic=True is timed in its own pair with the default; its column is its time over the default's.", "",
+           "| set | B×H×S×D | causal | flashsci µs | TF/s | FA2 µs | FA2 TF/s | vs FA2 | cuDNN µs | cuDNN TF/s | vs cuDNN | "
+           "deterministic |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["set"] == "varlen":
             continue
         out.append(f"| {r['set']} | {r['B']}×{r['H']}×{r['S']}×{r['D']} | {'yes' if r['causal'] else 'no'} | "
                    f"{r['flashsci us (vs flash)']:.1f} | {r['flashsci TF/s']:.0f} | {_f(r['flash us'])} | "
                    f"{_f(r['flash TF/s'], '.0f')} | {_f(r['speedup vs flash'], '.2f')}× | {_f(r['cudnn us'])} | "
-                   f"{_f(r['cudnn TF/s'], '.0f')} | {_f(r['speedup vs cudnn'], '.2f')}× |")
+                   f"{_f(r['cudnn TF/s'], '.0f')} | {_f(r['speedup vs cudnn'], '.2f')}× | {r['deterministic / default']:.2f}× |")
     out += ["", f"Packed varlen backward, ESM2-3B heads (H=40, D=64), 16k-token batches of {meta['fasta']} (random "
             "order, lengths capped at 4096), against SDPA's backward on the padded batch with the key padding mask:", "",
             "| batch | B×S | tokens | flashsci µs | useful TF/s | SDPA+mask µs | speedup |", "|---|---|---|---|---|---|---|"]
