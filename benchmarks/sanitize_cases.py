@@ -5,7 +5,7 @@ protein options (padding mask with tile skipping, seqlens, bias, T5, rotary, var
 both kernels); grouped K/V heads on both kernels;
 then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every epilogue); then the edges: size 1,
 size 0 (no rows, no keys: the fill kernel), rows with no kept key, NaN rows and keys, on both attention kernels; then
-the backward (every head dim, GQA, each option, varlen, empty problems). SANITIZE_ONLY=linear or backward runs those
+the backward (every head dim, GQA, each option, varlen, deterministic, empty problems). SANITIZE_ONLY=linear or backward runs those
 cases alone."""
 import os
 
@@ -17,7 +17,7 @@ ONLY = os.environ.get("SANITIZE_ONLY", "")
 
 
 def backward(q, k, v, **kw):
-    """One forward (lse) and backward of the sm80 backward kernels."""
+    """One forward (lse) and backward (on Hopper the sm_90a main kernel where it covers the problem, else sm80)."""
     out, lse = flashsci.attention(q, k, v, return_lse=True, **kw)
     flashsci.attention_backward(torch.randn_like(out), q, k, v, out, lse, **kw)
 
@@ -35,6 +35,8 @@ def backward_cases():
     q, k, v = (torch.randn(2, 4, 300, 64, device=dev, dtype=f16) for _ in range(3))
     backward(q, k, v, key_padding_mask=torch.rand(2, 300, device=dev) < 0.7, causal=True)
     backward(q, k, v, seqlens=torch.tensor([300, 0], dtype=torch.int32, device=dev), rotary=True)
+    out, lse = flashsci.attention(q, k, v, return_lse=True, causal=True)
+    flashsci.attention_backward(torch.randn_like(out), q, k, v, out, lse, causal=True, deterministic=True)
     backward(q, k, v, bias=torch.randn(1, 4, 300, 300, device=dev), t5_bias=(torch.randn(4, 32, device=dev), 32, 128, True))
     for shape in ((2, 4, 300, 300), (1, 1, 300, 300), (2, 1, 1, 300), (4, 300, 1)):  # dbias (bias_grad), T5 gradient
         bias = torch.randn(*shape, device=dev)
