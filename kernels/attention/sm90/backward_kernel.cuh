@@ -27,7 +27,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
         mbar_init(sh.kv_full, 1);
         for (int s = 0; s < K::STAGES; s++) {
             mbar_init(&sh.full[s], 1 + 32); /* the TMA's expect_tx and the producer warp's lanes */
-            mbar_init(&sh.empty[s], 8);     /* lane 0 of each consumer warp */
+            mbar_init(&sh.empty[s], 256);   /* every consumer thread */
         }
         mbar_init_fence();
     }

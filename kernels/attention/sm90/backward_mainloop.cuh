@@ -169,8 +169,7 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
             }
         }
         wgmma_wait<0>();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&sh.empty[s]); /* Q_i, dO_i, L_i, D_i read */
+        mbar_arrive(&sh.empty[s]); /* Q_i, dO_i, L_i, D_i read: every consumer thread arrives (each its own reads) */
         if (++s == STAGES) { s = 0; phase ^= 1; }
     }
     if (cw == 0 && blk.n_iter > 0) bwd_turn_wait(cw); /* the last pass to warpgroup 0 taken (barrier counts balanced) */
