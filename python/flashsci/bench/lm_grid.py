@@ -1,6 +1,6 @@
 """The transformer-LM grid of the profiling study (python -m flashsci.bench --lm-grid): the five sizes of
 bench/models/lm.py × context 128…4096, batch 4, bf16, each with naive, SDPA and flashsci attention. Per cell: the
-inference forward (no grad) and one training step (forward, backward, AdamW) — median of 3 after a warm-up — the
+inference forward (no grad) and one training step (forward, backward, AdamW) — median of 7 after a warm-up — the
 step's peak memory under an 80 GB H100's limit (torch's per-process memory fraction), out-of-memory cells, and one
 profiled forward and step (flashsci.profile): GEMM fraction per pass, dominant kernel and top non-GEMM kernel,
 attention's share of the step, and inside the naive attention the softmax's time against its two matmuls'."""
@@ -16,7 +16,7 @@ BATCH = 4
 H100_GIB = 79.1       # what torch reports as an 80 GB H100's total memory
 
 
-def median_ms(torch, fn, n=3):
+def median_ms(torch, fn, n=7):
     """Median wall ms of n synchronized calls of fn after one warm-up call."""
     fn()
     torch.cuda.synchronize()
@@ -131,7 +131,7 @@ def markdown(meta, rows):
     ctxs = sorted({r["context"] for r in rows})
     md = [f"# Transformer-LM grid — {meta['gpu']}", "",
           f"torch {meta['torch']}, bf16 weights, batch {meta['batch']}, AdamW; memory capped at {meta['memory limit GiB']} "
-          "GiB (an 80 GB H100). Forward: inference, no grad. Step: forward + backward + optimizer. Median of 3 after a "
+          "GiB (an 80 GB H100). Forward: inference, no grad. Step: forward + backward + optimizer. Median of 7 after a "
           "warm-up. OOM: out of memory under the cap. Profiles (one forward and one step per cell, flashsci.profile) only "
           "for cells whose step fits.", "",
           "## Time (ms) and flashsci's speedup over SDPA", "",
