@@ -60,12 +60,25 @@ static fs_head_copy operand_copy(const fs_attn_params *p, int query_side, int H,
     return c;
 }
 
+/* The head dim the kernels run p at: its own or the next native one; on Hopper, D in (64, 128) at 128 where the wgmma
+ * kernel takes the padded problem (as the forward: at D = 80 that kernel is faster than the portable one at 96). */
+static int backward_dim(const fs_attn_bwd_params *g, int sm90)
+{
+    const int Dp = fs_attention_run_dim(g->p.D);
+    if (!sm90 || Dp == g->p.D || g->p.D < 64 || g->p.D > 128) return Dp;
+    fs_attn_bwd_params wide = *g;
+    wide.p.D = 128;
+    wide.p.rotary = 0;
+    return fs_sm90_backward_covers(&wide, 0, 0) ? 128 : Dp;
+}
+
 /* A head dim without its own kernel: pad q, k (rotated), v and dO to Dp, run, copy dq (from the accumulator, scaled and
- * rotated back), dk, dv back. The main kernel rotates dk back itself, over the true head dim. */
-static cudaError_t backward_padded(const fs_attn_bwd_params *g, fs_bwd_work *w, int device, cudaStream_t stream)
+ * rotated back), dk, dv back. The portable main kernel rotates dk back itself, over the true head dim; for the Hopper
+ * one, which turns only a whole head dim, the copy back does. */
+static cudaError_t backward_padded(const fs_attn_bwd_params *g, fs_bwd_work *w, int Dp, int device, cudaStream_t stream)
 {
     const fs_attn_params *p = &g->p;
-    const int Dp = fs_attention_run_dim(p->D), Hkv = fs_kv_heads(p), packed = p->cu_seqlens_q != NULL;
+    const int Hkv = fs_kv_heads(p), packed = p->cu_seqlens_q != NULL;
     const size_t rows_q = packed ? (size_t)p->total_q : (size_t)p->B * p->Sq, rows_k = packed ? (size_t)p->total_k : (size_t)p->B * p->Sk;
     const size_t bq = align256(2 * rows_q * p->H * Dp), bk = align256(2 * rows_k * Hkv * Dp);
     char *buf = NULL;
@@ -93,12 +106,16 @@ static cudaError_t backward_padded(const fs_attn_bwd_params *g, fs_bwd_work *w, 
     cq.s_sh = (int64_t)(packed ? p->total_q : p->Sq) * Dp;
     cq.s_sb = packed ? 0 : cq.s_sh * p->H;
     cq.scale = w->scale;
-    const fs_head_copy ck = operand_copy(p, 0, Hkv, Dp, 0, g->dk, g->dk_sb, g->dk_sh, g->dk_ss, dk, 0);
+    fs_bwd_work wk = *w; /* the main kernel's view */
+    const int hopper = w->sm90 && fs_sm90_backward_covers(&pg, 0, 0);
+    if (hopper) wk.rotary = 0;
+    const fs_head_copy ck = operand_copy(p, 0, Hkv, Dp, 0, g->dk, g->dk_sb, g->dk_sh, g->dk_ss, dk,
+                                         hopper && p->rotary ? p->D : 0);
     const fs_head_copy cv = operand_copy(p, 0, Hkv, Dp, 0, g->dv, g->dv_sb, g->dv_sh, g->dv_ss, dv, 0);
     err = cudaMemsetAsync(dk, 0, 2 * bk, stream); /* rows no sequence covers come back as zeros */
     for (int i = 0; i < 4 && err == cudaSuccess; i++) err = fs_head_copy_launch(&in[i], p->dtype, device, stream);
     if (err == cudaSuccess) err = fs_sm80_backward_pre(g, w, Dp, device, stream);
-    if (err == cudaSuccess) err = run_kernels(&pg, w, device, stream);
+    if (err == cudaSuccess) err = run_kernels(&pg, &wk, device, stream);
     if (err == cudaSuccess) err = fs_head_copy_launch(&cq, p->dtype, device, stream);
     if (err == cudaSuccess) err = fs_head_copy_launch(&ck, p->dtype, device, stream);
     if (err == cudaSuccess) err = fs_head_copy_launch(&cv, p->dtype, device, stream);
@@ -111,7 +128,7 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     const fs_attn_params *p = &g->p;
     if (p->dtype != FS_F16 && p->dtype != FS_BF16) return cudaErrorInvalidValue;
     if (p->D % 8 || p->D > 256) return cudaErrorNotSupported;
-    const int Dp = fs_attention_run_dim(p->D), native = Dp == p->D;
+    const int Dp = backward_dim(g, sm90), native = Dp == p->D;
     fs_bwd_work w;
     w.sm90 = sm90;
     w.dq_only = 0;
@@ -139,7 +156,7 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
         if (err == cudaSuccess) err = run_kernels(&kg, &w, device, stream);
         if (err == cudaSuccess) err = fs_sm80_backward_post(g, &w, device, stream);
     } else {
-        err = backward_padded(g, &w, device, stream);
+        err = backward_padded(g, &w, Dp, device, stream);
     }
     if (err == cudaSuccess && g->dtable) err = fs_sm80_backward_t5_sum(g, w.t5_part, device, stream);
     const cudaError_t rel = fs_workspace_release(stream, ws);
