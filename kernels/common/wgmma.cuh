@@ -57,20 +57,16 @@ template <int N, typename T> FS_DEV_T void wgmma_rs_kmajor(float d[N / 2], const
 #define FS_R112 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 
 /* One definition per shape: REGS names the N / 2 accumulators, the operands after them are named explicitly */
-#define FS_WGMMA_SS(N, TY, TN, REGS, DA, DB, ACC, ...) \
-template <> FS_DEV_T void wgmma_ss<N, TY>(float d[N / 2], uint64_t da, uint64_t db, int acc) \
+/* NAME: wgmma_ss (both operands K-major) or wgmma_ss_mn (both MN-major: TR "1, 1") */
+#define FS_WGMMA_SS_AS(NAME, TR, N, TY, TN, REGS, DA, DB, ACC, ...) \
+template <> FS_DEV_T void NAME<N, TY>(float d[N / 2], uint64_t da, uint64_t db, int acc) \
 { \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n" \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TN "." TN " {" REGS "}, " DA ", " DB ", p, 1, 1, 0, 0;\n}\n" \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TN "." TN " {" REGS "}, " DA ", " DB ", p, 1, 1, " TR ";\n}\n" \
                  : __VA_ARGS__ : "l"(da), "l"(db), "r"(acc)); \
 }
-#define FS_WGMMA_SS_MN(N, TY, TN, REGS, DA, DB, ACC, ...) \
-template <> FS_DEV_T void wgmma_ss_mn<N, TY>(float d[N / 2], uint64_t da, uint64_t db, int acc) \
-{ \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n" \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TN "." TN " {" REGS "}, " DA ", " DB ", p, 1, 1, 1, 1;\n}\n" \
-                 : __VA_ARGS__ : "l"(da), "l"(db), "r"(acc)); \
-}
+#define FS_WGMMA_SS(...) FS_WGMMA_SS_AS(wgmma_ss, "0, 0", __VA_ARGS__)
+#define FS_WGMMA_SS_MN(...) FS_WGMMA_SS_AS(wgmma_ss_mn, "1, 1", __VA_ARGS__)
 #define FS_WGMMA_RS(N, TY, TN, REGS, A, DB, ...) \
 template <> FS_DEV_T void wgmma_rs<N, TY>(float d[N / 2], const uint32_t a[4], uint64_t db) \
 { \

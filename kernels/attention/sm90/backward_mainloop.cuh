@@ -127,14 +127,19 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
             fence_proxy_async();
         }
 
-        /* dV_j += P^T dO_i: Br / 16 k-steps of 16 query rows (2 KiB) each, while the other warpgroup's dS^T lands */
-        wgmma_fence();
+        /* acc += X^T B for X^T = P^T or dS^T (packed accumulator fragments) and B = dO_i or Q_i at b_base: Br / 16 k-steps
+         * of 16 query rows (2 KiB) each */
+        auto issue_xt = [&](float (&acc)[NO * 4], const uint32_t (&x)[NQ][2], uint32_t b_base) {
 #pragma unroll
-        for (int kk = 0; kk < BR / 16; kk++) {
-            const uint32_t af[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
-            wgmma_rs<D, T>(dv, af, desc_sw128(do_base + kk * 16 * 128, BR * 128, 1024));
-        }
-        wgmma_commit();
+            for (int kk = 0; kk < BR / 16; kk++) {
+                const uint32_t af[4] = {x[2 * kk][0], x[2 * kk][1], x[2 * kk + 1][0], x[2 * kk + 1][1]};
+                wgmma_rs<D, T>(acc, af, desc_sw128(b_base + kk * 16 * 128, BR * 128, 1024));
+            }
+            wgmma_commit();
+        };
+        /* dV_j += P^T dO_i, while the other warpgroup's dS^T lands */
+        wgmma_fence();
+        issue_xt(dv, pk, do_base);
         float dq[K::DQ ? 32 : 1];
         if constexpr (K::DQ) {
             bwd_consumers_sync();
@@ -148,12 +153,7 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
             wgmma_commit();
         }
         /* dK_j += dS^T Q_i, running while dQ_i is added */
-#pragma unroll
-        for (int kk = 0; kk < BR / 16; kk++) {
-            const uint32_t af[4] = {dsk[2 * kk][0], dsk[2 * kk][1], dsk[2 * kk + 1][0], dsk[2 * kk + 1][1]};
-            wgmma_rs<D, T>(dk, af, desc_sw128(q_base + kk * 16 * 128, BR * 128, 1024));
-        }
-        wgmma_commit();
+        issue_xt(dk, dsk, q_base);
         if constexpr (K::DQ) {
             wgmma_wait<1>();
             /* dQ_i added into the accumulator: float2 atomics (red.global.add.v2.f32), this thread's rows and pairs */
