@@ -2,7 +2,7 @@
  * K_j, V_j (in shared memory for the whole block) and keeps their dV and dK in registers. Per query tile, in log2 units
  * (c = scale log2 e; L_i the forward's logsumexp, D_i = rowsum(dO_i o O_i)):
  *   S^T  = K_j Q_i^T, dP^T = V_j dO_i^T      (wgmma, both operands in shared memory, K-major)
- *   P^T  = exp2(S^T c - L_i log2 e)           (0 where masked: causal key > query, keys past Sk)
+ *   P^T  = exp2(S^T c - L_i log2 e)           (0 where masked: causal key > query, keys past the sequence, padded keys)
  *   dS^T = P^T o (dP^T - D_i)
  *   dV_j += P^T dO_i, dK_j += dS^T Q_i        (wgmma, P^T and dS^T from registers, dO_i and Q_i MN-major)
  *   dQ_i += dS K_j                            (dS^T through shared memory as an MN-major A; both warpgroups' keys)
