@@ -170,6 +170,30 @@ def test_kernel_choice(kernel):
         flashsci._flashsci._set_attention_kernel("auto")
 
 
+def test_main_kernel_by_device():
+    """On Hopper (a 90a build) the wgmma main kernel runs a plain D = 64 backward and D = 80 padded to 128, the portable
+    one when forced and for an additive bias; elsewhere always the portable one (kernel names from the profiler)."""
+    from flashsci.profile.trace import capture
+    hopper = torch.cuda.get_device_capability()[0] == 9 and "90a" in flashsci.build_info()["cuda_architectures"]
+
+    def kernels(kernel, d=64, **kw):
+        q, k, v, dout = (rand(2, 4, 256, d) for _ in range(4))
+        out, lse = flashsci.attention(q, k, v, return_lse=True, **kw)
+        flashsci._flashsci._set_attention_kernel(kernel)
+        try:
+            _, trace = capture(lambda: flashsci.attention_backward(dout, q, k, v, out, lse, **kw))
+        finally:
+            flashsci._flashsci._set_attention_kernel("auto")
+        return " ".join(x["name"] for x in trace.kernels)
+    auto = kernels("auto")
+    if not auto:
+        pytest.skip("the profiler saw no CUDA kernels")
+    assert ("attention_bwd_sm90<64" in auto) == hopper and ("attention_bwd_sm80" in auto) != hopper
+    assert ("attention_bwd_sm90<128" in kernels("auto", d=80, causal=True)) == hopper
+    for names in (kernels("sm80"), kernels("auto", bias=torch.randn(256, 256, device="cuda"))):
+        assert "attention_bwd_sm80" in names and "attention_bwd_sm90" not in names
+
+
 def test_strided_inputs():
     """q, k, v, dout as views into wider buffers (head-interleaved qkv), gradients into strided outputs."""
     b, s, h, d = 2, 260, 4, 64
