@@ -5,8 +5,8 @@ protein options (padding mask with tile skipping, seqlens, bias, T5, rotary, var
 both kernels); grouped K/V heads on both kernels;
 then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every epilogue); then the edges: size 1,
 size 0 (no rows, no keys: the fill kernel), rows with no kept key, NaN rows and keys, on both attention kernels; then
-the backward (every head dim, GQA, each option, varlen, deterministic, empty problems). SANITIZE_ONLY=linear or backward runs those
-cases alone."""
+the backward (every head dim, GQA, each option, varlen, deterministic, empty problems). SANITIZE_ONLY=linear or
+backward runs those cases alone."""
 import os
 
 import torch

@@ -1,6 +1,7 @@
-"""CUDA attention backward (the sm_80+ kernels; on Hopper the sm_90a kernel where it covers the problem) against torch: every gradient within 2x the error of torch's own
-low-precision backward (SDPA with the masks and biases materialised, rotary in the input dtype) against float64
-autograd through the same attention; outputs NaN-poisoned first; rows without a kept key get zero gradients."""
+"""CUDA attention backward (the sm_80+ kernels; on Hopper the sm_90a kernel where it covers the problem) against
+torch: every gradient within 2x the error of torch's own low-precision backward (SDPA with the masks and biases
+materialised, rotary in the input dtype) against float64 autograd through the same attention; outputs NaN-poisoned
+first; rows without a kept key get zero gradients."""
 import random
 
 import pytest
@@ -156,7 +157,8 @@ def test_kernel_choice(kernel):
         run_case(2, 4, 4, 300, 300, 64, torch.bfloat16)
         run_case(2, 8, 2, 333, 333, 128, torch.float16, causal=True)
         run_case(2, 4, 4, 260, 260, 64, torch.float16, kpm=torch.rand(2, 260, device="cuda") < 0.7, rotary=10000.0)
-        run_case(3, 4, 4, 200, 200, 128, torch.bfloat16, lens=torch.tensor([200, 0, 77], dtype=torch.int32, device="cuda"))
+        lens = torch.tensor([200, 0, 77], dtype=torch.int32, device="cuda")
+        run_case(3, 4, 4, 200, 200, 128, torch.bfloat16, lens=lens)
         lengths = [130, 1, 257, 64]
         cu, (q, k, v) = pack(lengths, 4, 64, torch.bfloat16)
         dout = torch.randn_like(q)

@@ -19,7 +19,8 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
 {
 #ifdef FS_WGMMA
     using K = sm90_bwd_config<D, T, CAUSAL, DQ>;
-    static_assert(128 * 24 + 256 * K::tile::REGS <= 65536, "setmaxnreg: the warpgroups' registers fit the block's allocation");
+    static_assert(128 * 24 + 256 * K::tile::REGS <= 65536,
+                  "setmaxnreg: the warpgroups' registers fit the block's allocation");
     extern __shared__ unsigned char smem_raw[];
     const sm90_bwd_shared<T> sh = sm90_bwd_carve<K>(smem_raw);
     const sm90_bwd_block blk = sm90_bwd_block_of<K>(a);

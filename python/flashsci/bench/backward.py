@@ -2,9 +2,8 @@
 
 - sweep: B * S = 16384, H * D = 2048, D = 64 and 128, causal and not: flashsci.attention_backward (and its
   deterministic=True run, against the default) against the backward of SDPA's FlashAttention-2 backend and of its cuDNN
-  backend (torch.autograd.grad of an output whose forward ran on
-  that backend, retain_graph, so the backward alone is timed); the protein shapes ESM2-3B (8, 40, 1024, 64) and
-  ProtT5-XL (8, 32, 1024, 128) likewise.
+  backend (torch.autograd.grad of an output whose forward ran on that backend, retain_graph, so the backward alone is
+  timed); the protein shapes ESM2-3B (8, 40, 1024, 64) and ProtT5-XL (8, 32, 1024, 128) likewise.
 - varlen: ESM2-3B heads on 16k-token batches of real UniProt lengths (random order): attention_varlen_backward on the
   packed batch against SDPA's backward on the same batch padded, with the key padding mask.
 TF/s count 2.5x the forward's FLOPs (FlashAttention's convention: 4 B H Sq Sk D forward, half for causal). Kernel times
@@ -163,7 +162,8 @@ def _markdown(rows, meta):
            f"torch {meta['torch']}, cuDNN {meta['cudnn']}, {meta['dtype']}, {meta['date']}. Backward alone (µs, CUDA "
            "events, median); TF/s with 2.5x the forward FLOPs. flashsci is timed in a pair with each torch backend; "
            "speedup = torch time / flashsci time within the pair.", "",
-           "deterministic=True is timed in its own pair with the default; its column is its time over the default's.", "",
+           "deterministic=True is timed in its own pair with the default; its column is its time over the default's.",
+           "",
            "| set | B×H×S×D | causal | flashsci µs | TF/s | FA2 µs | FA2 TF/s | vs FA2 | cuDNN µs | cuDNN TF/s | vs cuDNN | "
            "deterministic |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -173,7 +173,8 @@ def _markdown(rows, meta):
         out.append(f"| {r['set']} | {r['B']}×{r['H']}×{r['S']}×{r['D']} | {'yes' if r['causal'] else 'no'} | "
                    f"{r['flashsci us (vs flash)']:.1f} | {r['flashsci TF/s']:.0f} | {_f(r['flash us'])} | "
                    f"{_f(r['flash TF/s'], '.0f')} | {_f(r['speedup vs flash'], '.2f')}× | {_f(r['cudnn us'])} | "
-                   f"{_f(r['cudnn TF/s'], '.0f')} | {_f(r['speedup vs cudnn'], '.2f')}× | {r['deterministic / default']:.2f}× |")
+                   f"{_f(r['cudnn TF/s'], '.0f')} | {_f(r['speedup vs cudnn'], '.2f')}× | "
+                   f"{r['deterministic / default']:.2f}× |")
     out += ["", f"Packed varlen backward, ESM2-3B heads (H=40, D=64), 16k-token batches of {meta['fasta']} (random "
             "order, lengths capped at 4096), against SDPA's backward on the padded batch with the key padding mask:", "",
             "| batch | B×S | tokens | flashsci µs | useful TF/s | SDPA+mask µs | speedup |", "|---|---|---|---|---|---|---|"]
