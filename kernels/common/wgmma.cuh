@@ -20,6 +20,13 @@ FS_DEV uint64_t desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo)
     return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)((lbo >> 4) & 0x3fff) << 16 |
            (uint64_t)((sbo >> 4) & 0x3fff) << 32 | 1ull << 62;
 }
+/* The first 1024-byte boundary (TMA's 128-byte swizzle and the descriptors address 1024-byte atoms) at or after p in
+ * shared memory, computed through redux.sync so that it lands in a uniform register (otherwise ptxas keeps it in an
+ * ordinary one and moves it over (R2UR) next to the wgmmas). */
+FS_DEV unsigned char *smem_align1024(unsigned char *p)
+{
+    return p + __reduce_max_sync(0xffffffffu, (1024 - (smem_addr(p) & 1023)) & 1023);
+}
 FS_DEV void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 FS_DEV void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> FS_DEV_T void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }

@@ -1,5 +1,5 @@
-/* Rotary embedding arithmetic shared by the sm80 attention kernel (rotation in place in shared memory) and the
- * rotary pre-pass (rotary.cu). ESM / HF convention: the head vector's halves x1 = x[:D/2], x2 = x[D/2:] turn by
+/* Rotary embedding arithmetic shared by the sm80 attention kernel (rotation in place in shared memory), the rotary
+ * pre-pass (rotary.cu) and the backward kernels (gradients turned back). ESM / HF convention: the head vector's halves x1 = x[:D/2], x2 = x[D/2:] turn by
  * angle pos * inv_freq_i, inv_freq_i = 1 / base^(2i / D) in float32:  x1' = x1 cos - x2 sin,  x2' = x2 cos + x1 sin. */
 #ifndef FLASHSCI_ROTARY_CUH
 #define FLASHSCI_ROTARY_CUH
@@ -19,6 +19,17 @@ FS_DEV void sincos_reduced(float x, float *s, float *c)
     const float n = rintf(x * 0.159154943091895336f);
     const float r = fmaf(n, 1.74845553e-7f, fmaf(n, -6.28318548202514648f, x));
     __sincosf(r, s, c);
+}
+
+/* Rotate the gradient of a rotated vector back (the transpose of the rotation): for the pair (c, c + D/2) at angle
+ * a:  dx_c = dr_c cos a + dr_{c+D/2} sin a,  dx_{c+D/2} = dr_{c+D/2} cos a - dr_c sin a. */
+FS_DEV void unrotate_pair(float &lo, float &hi, float pos, float inv_freq)
+{
+    float s, c;
+    sincos_reduced(pos * inv_freq, &s, &c);
+    const float x = lo, y = hi;
+    lo = x * c + y * s;
+    hi = y * c - x * s;
 }
 
 /* cos and sin of pos * freq[i] for the 8 pairs of a 16-byte chunk. */

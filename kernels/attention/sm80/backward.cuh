@@ -174,17 +174,6 @@ FS_DEV void atomic_add2(float *dst, float x, float y)
 #endif
 }
 
-/* Rotate the gradient of a rotated vector back (the transpose of the rotation): for the pair (c, c + D/2) at angle
- * a:  dx_c = dr_c cos a + dr_{c+D/2} sin a,  dx_{c+D/2} = dr_{c+D/2} cos a - dr_c sin a. */
-FS_DEV void unrotate_pair(float &lo, float &hi, float pos, float inv_freq)
-{
-    float s, c;
-    sincos_reduced(pos * inv_freq, &s, &c);
-    const float x = lo, y = hi;
-    lo = x * c + y * s;
-    hi = y * c - x * s;
-}
-
 /* P of one score s (raw, unscaled): exp2(s c [+ T5(key - query)] [+ bias] - lse2), lse2 = L log2 e (+inf for a row with
  * no key); 0 where masked. */
 template <bool FEAT>

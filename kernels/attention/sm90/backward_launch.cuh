@@ -6,6 +6,7 @@
 #include "attention/sm90/backward.h"
 #include "attention/sm90/backward_kernel.cuh"
 #include "attention/sm90/tensor_map.h"
+#include "attention/sm90/variants.h"
 #include "common/launch.cuh"
 
 /* One block per (key block, K/V head, batch). */
@@ -33,9 +34,9 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     a.section = fit < 1 ? 1 : fit < (long long)hkv * p->B ? (int)fit : hkv * p->B;
     if (blocks == 0) return cudaSuccess;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-    /* packed sequences: all rows as one batch */
-    const int sq = p->cu_seqlens_q ? (int)p->total_q : p->Sq, sk = p->cu_seqlens_q ? (int)p->total_k : p->Sk;
-    const int nb = p->cu_seqlens_q ? 1 : p->B;
+    int sq, sk, nb; /* packed sequences: all rows as one batch */
+    sm90_extent(p, 1, &sq, &nb);
+    sm90_extent(p, 0, &sk, &nb);
     CUtensorMap mq, mk, mv, mdo;
     cudaError_t err = sm90_map(&mq, p->q, bf16, sq, p->H, nb, D, p->q_ss, p->q_sh, p->q_sb, tile::BR);
     if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, hkv, nb, D, p->k_ss, p->k_sh, p->k_sb, tile::BC);

@@ -55,7 +55,7 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
     if (cw == 1 && blk.n_iter > 0) bwd_turn_pass(cw); /* warpgroup 0 issues first */
     int s = 0, phase = 0;
     for (int it = 0; it < blk.n_iter; it++) {
-        const int h = blk.hkv * p.kv_group + it / blk.n_q, q0 = (blk.q_tile0 + it % blk.n_q) * BR;
+        const int h = sm90_bwd_head(p, blk, it), q0 = sm90_bwd_q0<K>(blk, it);
         const uint32_t q_base = smem_addr(sh.sQ + s * BR * D), do_base = smem_addr(sh.sdO + s * BR * D);
         mbar_wait(&sh.full[s], phase);
 
@@ -183,14 +183,8 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
             for (int c = 0; c < 2; c++) {
                 const float inv_freq = rotary_inv_freq(8 * n + 2 * t4 + c, D, a.rotary_base);
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float s_, c_;
-                    sincos_reduced((float)(key0 + 8 * r) * inv_freq, &s_, &c_);
-                    float &lo = dk[4 * n + 2 * r + c], &hi = dk[4 * (n + NO / 2) + 2 * r + c];
-                    const float x = lo, y = hi;
-                    lo = x * c_ + y * s_;
-                    hi = y * c_ - x * s_;
-                }
+                for (int r = 0; r < 2; r++)
+                    unrotate_pair(dk[4 * n + 2 * r + c], dk[4 * (n + NO / 2) + 2 * r + c], (float)(key0 + 8 * r), inv_freq);
             }
     const int rows = p.cu_seqlens_q ? k_len : p.Sk;
 #pragma unroll

@@ -49,6 +49,16 @@ template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_a
     return blk;
 }
 
+/* Step it of a block: its query head (head of the group outer) and first query row (query tile inner). */
+FS_DEV int sm90_bwd_head(const fs_attn_params &p, const sm90_bwd_block &blk, int it)
+{
+    return blk.hkv * p.kv_group + it / blk.n_q;
+}
+template <class K> FS_DEV_T int sm90_bwd_q0(const sm90_bwd_block &blk, int it)
+{
+    return (blk.q_tile0 + it % blk.n_q) * K::BR;
+}
+
 /* The producer warp's whole work for its block (lane: its lane). Stage s is full once the TMA bytes of Q_i and dO_i
  * have landed and the 32 lanes have written L_i log2 e (+inf past the sequence and for rows with no key: P = 0) and D_i
  * (0 past the sequence). */
@@ -71,7 +81,7 @@ FS_DEV_T void sm90_bwd_producer(const sm90_bwd_shared<typename K::T> &sh, const 
     constexpr int PER = BR / 32;
     float l2[PER], di[PER];
     auto load_stats = [&](int it) {
-        const int h = blk.hkv * p.kv_group + it / blk.n_q, q0 = (blk.q_tile0 + it % blk.n_q) * BR;
+        const int h = sm90_bwd_head(p, blk, it), q0 = sm90_bwd_q0<K>(blk, it);
         const float *lse = static_cast<const float *>(p.lse) + blk.b * p.lse_sb + h * p.lse_sh + blk.seq.qo;
         const float *delta = a.delta + fs_bwd_row(p, blk.b, h, blk.seq.qo, 0);
 #pragma unroll
@@ -85,7 +95,7 @@ FS_DEV_T void sm90_bwd_producer(const sm90_bwd_shared<typename K::T> &sh, const 
     if (blk.n_iter > 0) load_stats(0);
     int s = 0, phase = 0;
     for (int it = 0; it < blk.n_iter; it++) {
-        const int h = blk.hkv * p.kv_group + it / blk.n_q, q0 = (blk.q_tile0 + it % blk.n_q) * BR;
+        const int h = sm90_bwd_head(p, blk, it), q0 = sm90_bwd_q0<K>(blk, it);
         mbar_wait(&sh.empty[s], phase ^ 1);
         if (lane == 0) {
             mbar_expect_tx(&sh.full[s], 2 * BR * D * 2);

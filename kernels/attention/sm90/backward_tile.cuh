@@ -58,13 +58,13 @@ template <typename T> struct sm90_bwd_shared {
     uint64_t *kv_full, *full, *empty;
 };
 
-/* The layout of instantiation K in smem_raw, from its first 1024-byte boundary (wgmma's and TMA's swizzle atoms). */
+/* The layout of instantiation K in smem_raw, from its first 1024-byte boundary (smem_align1024). */
 template <class K> FS_DEV_T sm90_bwd_shared<typename K::T> sm90_bwd_carve(unsigned char *smem_raw)
 {
     using T = typename K::T;
     constexpr int D = K::D, BR = K::BR, BC = K::BC, STAGES = K::STAGES;
     sm90_bwd_shared<T> sh;
-    sh.sK = reinterpret_cast<T *>(smem_raw + __reduce_max_sync(0xffffffffu, (1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+    sh.sK = reinterpret_cast<T *>(smem_align1024(smem_raw));
     sh.sV = sh.sK + BC * D;
     sh.sQ = sh.sV + BC * D;
     sh.sdO = sh.sQ + STAGES * BR * D;

@@ -30,15 +30,13 @@ template <typename T> struct sm90_shared {
     int4 *s_ostore;
 };
 
-/* The layout of instantiation K in smem_raw. TMA's 128-byte swizzle and the wgmma descriptors address 1024-byte atoms:
- * the base is aligned (through redux.sync, a uniform register: otherwise ptxas keeps it in an ordinary one and moves it
- * over (R2UR) in the main loop). */
+/* The layout of instantiation K in smem_raw, from its first 1024-byte boundary (smem_align1024). */
 template <class K> FS_DEV_T sm90_shared<typename K::T> sm90_carve(unsigned char *smem_raw)
 {
     using T = typename K::T;
     constexpr int D = K::D, BC = K::BC, STAGES = K::STAGES, BR = K::BR;
     sm90_shared<T> sh;
-    sh.sQ = reinterpret_cast<T *>(smem_raw + __reduce_max_sync(0xffffffffu, (1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+    sh.sQ = reinterpret_cast<T *>(smem_align1024(smem_raw));
     sh.sK = sh.sQ + BR * D;
     sh.sV = sh.sK + STAGES * BC * D;
     sh.sO = sh.sV + STAGES * BC * D;
