@@ -3,7 +3,7 @@ every head dim, both dtypes, tails, causal, bshd strides, KV groups, the split-K
 thread-block cluster (Hopper), lse; then the
 protein options (padding mask with tile skipping, seqlens, bias, T5, rotary, varlen incl. empty sequences; on
 both kernels); grouped K/V heads on both kernels;
-then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every epilogue); then the edges: size 1,
+then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every epilogue) and their backward; then the edges: size 1,
 size 0 (no rows, no keys: the fill kernel), rows with no kept key, NaN rows and keys, on both attention kernels; then
 the backward (every head dim, GQA, each option, varlen, deterministic, empty problems). SANITIZE_ONLY=linear or
 backward runs those cases alone."""
@@ -101,6 +101,17 @@ for width in (128, 160, 192, 256):  # every Hopper tile width: staging + TMA, ac
     # one K step per tile, many tiles per CTA: each bias buffer reused while the ring runs ahead
     flashsci.linear(torch.randn(2000, 64, device=dev, dtype=f16), torch.randn(2048, 64, device=dev, dtype=f16),
                     torch.randn(2048, device=dev), activation="gelu")
+    torch.cuda.synchronize()
+for kernel in ("auto", "sm80", "sm90:128", "sm90:192"):  # the backward: transposed products, halves, elementwise passes
+    flashsci._flashsci._set_gemm_kernel(kernel)
+    for m, k_, n in [(300, 200, 264), (5, 64, 24), (2000, 136, 392)]:
+        x = torch.randn(m, k_ + 8, device=dev, dtype=torch.bfloat16)[:, :k_]
+        w, h = torch.randn(n, k_, device=dev, dtype=torch.bfloat16), torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+        y = flashsci.linear(x, w, torch.randn(n, device=dev), activation="gelu", preactivation=h)
+        flashsci.linear_backward(torch.randn_like(y), x, w, preactivation=h, activation="gelu", bias_grad=True)
+        wu, h2 = torch.randn(n, k_, device=dev, dtype=torch.bfloat16), torch.empty(m, 2 * n, device=dev, dtype=torch.bfloat16)
+        y = flashsci.swiglu(x, w, wu, preactivation=h2)
+        flashsci.swiglu_backward(torch.randn_like(y), x, w, wu, preactivation=h2)
     torch.cuda.synchronize()
 flashsci._flashsci._set_gemm_kernel("auto")
 if ONLY == "linear":

@@ -4,6 +4,7 @@
 #include "flashsci.h"
 
 #include "attention/cpu/attention_cpu.h"
+#include "gemm/cpu/activation_cpu.h"
 #include "gemm/cpu/gemm_cpu.h"
 
 /* fs_cpu_poll: run the signal handlers with the GIL; nonzero (stop) when one raised, its exception left set. */
@@ -38,6 +39,15 @@ int fs_cpu_run_gemm(const fs_gemm_params *p, int threads)
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = fs_gemm_cpu(p, threads, signal_raised, NULL);
+    Py_END_ALLOW_THREADS
+    return cpu_status(rc);
+}
+
+int fs_cpu_run_activation(const fs_act_params *a, int threads)
+{
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fs_activation_cpu(a, threads, signal_raised, NULL);
     Py_END_ALLOW_THREADS
     return cpu_status(rc);
 }

@@ -99,7 +99,8 @@ PyDoc_STRVAR(attention_varlen_backward_doc,
 "    [(7, 2, 16), (7, 2, 16), (7, 2, 16)]");
 
 PyDoc_STRVAR(linear_doc,
-"linear($module, x, weight, bias=None, *, activation=None, out=None, out_dtype=None, stream=None)\n"
+"linear($module, x, weight, bias=None, *, activation=None, out=None, out_dtype=None, preactivation=None,\n"
+"       stream=None)\n"
 "--\n"
 "\n"
 "act(x @ weight.T + bias) in one kernel.\n"
@@ -108,6 +109,8 @@ PyDoc_STRVAR(linear_doc,
 "bias: [N] in x's dtype or float32. activation: None, 'relu', 'gelu' (erf), 'gelu_tanh' or 'silu'.\n"
 "out_dtype: float16, bfloat16, float32 (CPU: also float64); a name, NumPy or torch dtype. On CUDA, N and K\n"
 "must be multiples of 8. fp16/bf16 in, fp32 accumulation (CPU: float64).\n"
+"preactivation: an array [..., N] of x's dtype that receives x @ weight.T + bias, the activation's input\n"
+"that linear_backward needs; the activation then runs as a pass of its own.\n"
 "\n"
 "Example:\n"
 "    >>> import numpy as np, flashsci\n"
@@ -116,17 +119,56 @@ PyDoc_STRVAR(linear_doc,
 "    (4, 16)");
 
 PyDoc_STRVAR(swiglu_doc,
-"swiglu($module, x, w_gate, w_up=None, *, out=None, out_dtype=None, stream=None)\n"
+"swiglu($module, x, w_gate, w_up=None, *, out=None, out_dtype=None, preactivation=None, stream=None)\n"
 "--\n"
 "\n"
 "silu(x @ w_gate.T) * (x @ w_up.T) in one kernel (ESM-C's feed-forward). With w_up=None, w_gate is one\n"
-"packed [2N, K] weight, gate rows first. Shapes, dtypes and devices as for linear().\n"
+"packed [2N, K] weight, gate rows first. Shapes, dtypes and devices as for linear(). preactivation: an\n"
+"array [..., 2N] that receives the gate then the up projection, for swiglu_backward.\n"
 "\n"
 "Example:\n"
 "    >>> import numpy as np, flashsci\n"
 "    >>> x, w = np.random.rand(4, 32).astype('float32'), np.random.rand(48, 32).astype('float32')\n"
 "    >>> flashsci.swiglu(x, w).shape\n"
 "    (4, 24)");
+
+PyDoc_STRVAR(linear_backward_doc,
+"linear_backward($module, dy, x, weight, *, preactivation=None, activation=None, bias_grad=False, dx=None,\n"
+"                dweight=None, dbias=None, stream=None)\n"
+"--\n"
+"\n"
+"Gradients of y = linear(x, weight, bias, activation=...): returns (dx, dweight, dbias), dbias None unless\n"
+"bias_grad. dy: [..., N] like y; preactivation: the [..., N] array the forward filled (required with an\n"
+"activation). dh = dy * act'(h) in one elementwise pass (with dbias, its column sums, accumulated in fp32),\n"
+"then dx = dh @ weight and dweight = dh.T @ x as two products that read their operands transposed (no\n"
+"copies). dx, dweight in x's dtype; dbias in x's dtype, or float32 when a float32 dbias= is given.\n"
+"dx=, dweight=, dbias=: arrays to write into. Limits as for linear().\n"
+"\n"
+"Example:\n"
+"    >>> import numpy as np, flashsci\n"
+"    >>> x, w = np.random.rand(4, 32), np.random.rand(16, 32)\n"
+"    >>> h = np.empty((4, 16)); y = flashsci.linear(x, w, activation='gelu', preactivation=h)\n"
+"    >>> dx, dw, db = flashsci.linear_backward(np.ones_like(y), x, w, preactivation=h, activation='gelu',\n"
+"    ...                                       bias_grad=True)\n"
+"    >>> dx.shape, dw.shape, db.shape\n"
+"    ((4, 32), (16, 32), (16,))");
+
+PyDoc_STRVAR(swiglu_backward_doc,
+"swiglu_backward($module, dy, x, w_gate, w_up=None, *, preactivation, dx=None, dw_gate=None, dw_up=None,\n"
+"                stream=None)\n"
+"--\n"
+"\n"
+"Gradients of y = swiglu(x, w_gate, w_up): returns (dx, dw_gate, dw_up), or (dx, dw) for a packed [2N, K]\n"
+"w_gate (w_up=None). preactivation: the [..., 2N] array the forward filled (gate, then up). dg = dy * u *\n"
+"silu'(g) and du = dy * silu(g) in one pass, dx = dg @ w_gate + du @ w_up as one product, the weight\n"
+"gradients as products that read dg, du and x transposed.\n"
+"\n"
+"Example:\n"
+"    >>> import numpy as np, flashsci\n"
+"    >>> x, w = np.random.rand(4, 32), np.random.rand(48, 32)\n"
+"    >>> h = np.empty((4, 48)); y = flashsci.swiglu(x, w, preactivation=h)\n"
+"    >>> [g.shape for g in flashsci.swiglu_backward(np.ones_like(y), x, w, preactivation=h)]\n"
+"    [(4, 32), (48, 32)]");
 
 PyDoc_STRVAR(cuda_device_count_doc,
 "cuda_device_count($module, /)\n"

@@ -9,6 +9,7 @@
 #include "attention/params.h"
 #include "common/dtype.h"
 #include "dlpack.h"
+#include "gemm/activation.h"
 #include "gemm/params.h"
 
 #define FS_MAX_NDIM 8
@@ -146,6 +147,7 @@ void fs_attn_params_build(fs_attn_params *p, const fs_attn_options *opt, int B, 
  * KeyboardInterrupt. 0, or -1 with an exception set. */
 int fs_cpu_run_attention(const fs_attn_params *p, int threads);
 int fs_cpu_run_gemm(const fs_gemm_params *p, int threads);
+int fs_cpu_run_activation(const fs_act_params *a, int threads);
 int fs_cpu_run_backward(const fs_attn_bwd_params *g, int threads);
 
 /* backward.c */
@@ -158,9 +160,20 @@ PyObject *fs_attention_varlen_backward(PyObject *module, PyObject *args, PyObjec
 int fs_run_attention(fs_state *st, const fs_attn_params *p, fs_tensor *const *arrays, int n, uintptr_t stream);
 PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
-/* linear.c */
+/* linear.c, and the checks and runners linear_backward.c shares */
 PyObject *fs_linear(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fs_swiglu(PyObject *module, PyObject *args, PyObject *kwargs);
+int fs_parse_activation(PyObject *obj, fs_activation *act);
+/* A [..., cols] tensor's leading dims as rows: their count and one row stride (ValueError if they do not collapse). */
+int fs_as_rows(const fs_tensor *t, const char *name, int64_t *rows, int64_t *ld);
+int fs_check_weight(const fs_tensor *w, const char *name, const fs_tensor *x, int64_t K);
+int fs_check_linear_device(const fs_tensor *x, fs_dtype out_dtype, int64_t N, int64_t K);
+int fs_run_gemm(fs_state *st, const fs_gemm_params *p, fs_tensor *const *arrays, int n, uintptr_t stream);
+int fs_run_activation(fs_state *st, const fs_act_params *a, fs_tensor *const *arrays, int n, uintptr_t stream);
+
+/* linear_backward.c */
+PyObject *fs_linear_backward(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fs_swiglu_backward(PyObject *module, PyObject *args, PyObject *kwargs);
 
 /* introspect.c: the hooks tests and benchmarks use (_inspect, _launch_plan, _gemm_plan, _set_attention_kernel,
  * _set_gemm_kernel) */
@@ -189,6 +202,9 @@ int fs_gpu_attention_backward(const fs_attn_bwd_params *g, int device, uintptr_t
 int fs_gpu_attention_no_keys(const fs_attn_params *p, int device, uintptr_t stream);
 PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device, const fs_kernel_choice *choice); /* dict */
 int fs_gpu_gemm(const fs_gemm_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice);
+int fs_gpu_activation(const fs_act_params *a, int device, uintptr_t stream);
+/* rows of width bytes, pitch bytes apart, set to 0 (cudaMemset2DAsync) */
+int fs_gpu_zero(void *ptr, size_t pitch, size_t width, size_t rows, int device, uintptr_t stream);
 PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int device, const fs_kernel_choice *choice);       /* dict */
 
 #endif

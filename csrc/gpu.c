@@ -8,6 +8,7 @@
 
 #include "attention/head_copy.h"
 #include "attention/launchers.h"
+#include "gemm/activation_launch.h"
 #include "gemm/launchers.h"
 
 #define FS_MAX_DEVICES 64
@@ -263,6 +264,27 @@ PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int device, const fs_kernel_
     return gemm_launch(p, device, 0, choice, &plan) < 0 ? NULL : plan;
 }
 
+/* The elementwise passes of a differentiable linear layer on device. */
+int fs_gpu_activation(const fs_act_params *a, int device, uintptr_t stream)
+{
+    fs_gpu_props props;
+    int prev;
+    if (launch_begin(device, "linear backward", &props, &prev) < 0) return -1;
+    const cudaError_t err = fs_activation_gpu(a, device, (cudaStream_t)stream);
+    fs_gpu_device_leave(prev, device);
+    return err == cudaSuccess ? 0 : cuda_fail(err, "linear elementwise kernel launch");
+}
+
+int fs_gpu_zero(void *ptr, size_t pitch, size_t width, size_t rows, int device, uintptr_t stream)
+{
+    int prev;
+    if (width == 0 || rows == 0) return 0;
+    if (fs_gpu_device_enter(device, &prev) < 0) return -1;
+    const cudaError_t err = cudaMemset2DAsync(ptr, pitch, 0, width, rows, (cudaStream_t)stream);
+    fs_gpu_device_leave(prev, device);
+    return err == cudaSuccess ? 0 : cuda_fail(err, "cudaMemset2DAsync");
+}
+
 #else /* no CUDA toolkit at build time */
 
 /* Raise the error every GPU entry point gives in a CPU-only build; returns -1. */
@@ -314,6 +336,16 @@ PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int d, const fs_kernel_choic
     (void)p; (void)d; (void)c;
     no_cuda();
     return NULL;
+}
+int fs_gpu_activation(const fs_act_params *a, int d, uintptr_t s)
+{
+    (void)a; (void)d; (void)s;
+    return no_cuda();
+}
+int fs_gpu_zero(void *ptr, size_t p, size_t w, size_t r, int d, uintptr_t s)
+{
+    (void)ptr; (void)p; (void)w; (void)r; (void)d; (void)s;
+    return no_cuda();
 }
 
 #endif

@@ -1,7 +1,7 @@
-/* flashsci.linear(x, weight, bias=None, *, activation, out, out_dtype, stream) and
- * flashsci.swiglu(x, w_gate, w_up=None, *, out, out_dtype, stream): argument parsing, the checks that
- * turn bad input into clear errors, output allocation in the caller's framework, and dispatch to the C
- * CPU kernel or the CUDA kernels. */
+/* flashsci.linear(x, weight, bias=None, *, activation, out, out_dtype, preactivation, stream) and
+ * flashsci.swiglu(x, w_gate, w_up=None, *, out, out_dtype, preactivation, stream): argument parsing, the checks
+ * that turn bad input into clear errors, output allocation in the caller's framework, and dispatch to the C
+ * CPU kernel or the CUDA kernels. The checks and runners are shared with the backward (linear_backward.c). */
 #include "flashsci.h"
 
 #define NO_IMPORT_ARRAY
@@ -13,7 +13,7 @@
 static const char *const act_names[FS_NUM_ACTS] = {"none", "relu", "gelu", "gelu_tanh", "silu"};
 
 /* activation=: None or one of 'relu', 'gelu' (erf), 'gelu_tanh', 'silu'. */
-static int parse_activation(PyObject *obj, fs_activation *act)
+int fs_parse_activation(PyObject *obj, fs_activation *act)
 {
     *act = FS_ACT_NONE;
     if (obj == Py_None) return 0;
@@ -72,7 +72,7 @@ static int parse_out_dtype(fs_state *st, PyObject *obj, fs_dtype in, fs_dtype *d
 /* View the leading dimensions of a [..., cols] tensor as rows: *rows is their product, *ld the row stride
  * (elements). They must collapse to one stride, rows must not overlap, and the last dimension must be
  * contiguous. */
-static int as_rows(const fs_tensor *t, const char *name, int64_t *rows, int64_t *ld)
+int fs_as_rows(const fs_tensor *t, const char *name, int64_t *rows, int64_t *ld)
 {
     char b1[160], b2[160];
     const int last = t->ndim - 1;
@@ -116,7 +116,7 @@ static int as_rows(const fs_tensor *t, const char *name, int64_t *rows, int64_t 
 }
 
 /* A weight: 2-D [rows, K] of x's dtype and device, contiguous rows (alignment is checked later). */
-static int check_weight(const fs_tensor *w, const char *name, const fs_tensor *x, int64_t K)
+int fs_check_weight(const fs_tensor *w, const char *name, const fs_tensor *x, int64_t K)
 {
     char b1[160], b2[32], b3[32];
     if (w->ndim != 2) {
@@ -141,11 +141,11 @@ static int check_weight(const fs_tensor *w, const char *name, const fs_tensor *x
         return -1;
     }
     int64_t rows, ld;
-    return as_rows(w, name, &rows, &ld);
+    return fs_as_rows(w, name, &rows, &ld);
 }
 
 /* Device-specific limits: CUDA takes fp16/bf16 with N and K multiples of 8 (16-byte rows). */
-static int check_device_support(const fs_tensor *x, fs_dtype out_dtype, int64_t N, int64_t K)
+int fs_check_linear_device(const fs_tensor *x, fs_dtype out_dtype, int64_t N, int64_t K)
 {
     if (!x->is_cuda) return 0;
     if (x->dtype != FS_F16 && x->dtype != FS_BF16) {
@@ -185,9 +185,9 @@ static int check_bias(const fs_tensor *b, const fs_tensor *x, int64_t N)
     return 0;
 }
 
-/* Run checked parameters: the CUDA kernels on stream (after the streams the arrays named), else the CPU
- * kernel with the GIL released. */
-static int run_gemm(fs_state *st, const fs_gemm_params *p, fs_tensor *const *arrays, int n, uintptr_t stream)
+/* Run checked parameters: the CUDA kernels on stream (after the streams the arrays named; n = 0: already
+ * waited for), else the CPU kernel with the GIL released. */
+int fs_run_gemm(fs_state *st, const fs_gemm_params *p, fs_tensor *const *arrays, int n, uintptr_t stream)
 {
     if (p->M == 0 || p->N == 0) return 0; /* an empty result */
     if (arrays[0]->is_cuda)
@@ -195,18 +195,61 @@ static int run_gemm(fs_state *st, const fs_gemm_params *p, fs_tensor *const *arr
     return fs_cpu_run_gemm(p, st->num_threads);
 }
 
+/* Run an elementwise pass (gemm/activation.h) on arrays[0]'s device, as fs_run_gemm. */
+int fs_run_activation(fs_state *st, const fs_act_params *a, fs_tensor *const *arrays, int n, uintptr_t stream)
+{
+    if (arrays[0]->is_cuda)
+        return fs_wait_producers(arrays, n, stream) < 0 ? -1 : fs_gpu_activation(a, arrays[0]->device, stream);
+    return fs_cpu_run_activation(a, st->num_threads);
+}
+
+/* The forward that keeps the pre-activation for the backward: pre = x W^T + bias (SwiGLU: x Wg^T | x Wu^T, two
+ * products into the halves of pre's rows), then y = act(pre) (silu(g) u) by the elementwise pass. */
+static int run_with_preactivation(fs_state *st, const fs_gemm_params *p, void *pre, int64_t ldpre, fs_tensor *const *arrays,
+                                  int n, uintptr_t stream)
+{
+    fs_gemm_params q = *p;
+    q.act = FS_ACT_NONE;
+    q.swiglu = 0;
+    q.w2 = NULL;
+    q.y = pre;
+    q.ldy = ldpre;
+    q.out_dtype = p->dtype;
+    if (fs_run_gemm(st, &q, arrays, n, stream) < 0) return -1;
+    if (p->swiglu) {
+        q.w = p->w2;
+        q.ldw = p->ldw2;
+        q.y = (char *)pre + (size_t)p->N * fs_dtype_itemsize(p->dtype);
+        if (fs_run_gemm(st, &q, arrays, 0, stream) < 0) return -1;
+    }
+    if (p->M == 0 || p->N == 0) return 0;
+    fs_act_params a;
+    memset(&a, 0, sizeof a);
+    a.h = pre;
+    a.ldh = ldpre;
+    a.out = p->y;
+    a.ldo = p->ldy;
+    a.M = p->M;
+    a.N = p->N;
+    a.dtype = p->dtype;
+    a.act = p->act;
+    a.swiglu = p->swiglu;
+    return fs_run_activation(st, &a, arrays, 0, stream);
+}
+
 /* The shared body of linear() and swiglu(): w2_arg NULL for linear; packed SwiGLU when swiglu and w2_arg
  * is None. */
 static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg, PyObject *w_arg, PyObject *w2_arg,
                            PyObject *bias_arg, fs_activation act, int swiglu, PyObject *out_arg, PyObject *dtype_arg,
-                           PyObject *stream_arg)
+                           PyObject *pre_arg, PyObject *stream_arg)
 {
     fs_state *st = fs_get_state(module);
-    fs_tensor tx, tw, tw2, tb, to;
-    fs_tensor *const all[5] = {&tx, &tw, &tw2, &tb, &to};
+    fs_tensor tx, tw, tw2, tb, to, tp;
+    fs_tensor *const all[6] = {&tx, &tw, &tw2, &tb, &to, &tp};
     PyObject *out = NULL, *result = NULL;
     uintptr_t stream = 0;
-    for (int i = 0; i < 5; i++) memset(all[i], 0, sizeof *all[i]);
+    int64_t ldpre = 0;
+    for (int i = 0; i < 6; i++) memset(all[i], 0, sizeof *all[i]);
     const char *wname = swiglu ? "w_gate" : "weight";
     const int packed = swiglu && w2_arg == Py_None;
 
@@ -223,16 +266,16 @@ static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg,
         goto done;
     }
     if (tx.requires_grad) {
-        PyErr_Format(PyExc_ValueError, "x requires grad, but flashsci.%s is forward-only: call it under torch.no_grad() or "
-                     "torch.inference_mode(), or pass x.detach()", fname);
+        PyErr_Format(PyExc_ValueError, "x requires grad, but flashsci.%s does not record autograd: use "
+                     "flashsci.torch_ops.%s (differentiable), call it under torch.no_grad(), or pass x.detach()", fname, fname);
         goto done;
     }
     if (fs_check_sizes(&tx, "x") < 0) goto done;
     int64_t M, ldx;
     const int64_t K = tx.shape[tx.ndim - 1];
-    if (as_rows(&tx, "x", &M, &ldx) < 0) goto done;
+    if (fs_as_rows(&tx, "x", &M, &ldx) < 0) goto done;
 
-    if (fs_tensor_import(st, w_arg, wname, stream, FS_ROUTE_AUTO, FS_FLOATS, &tw) < 0 || check_weight(&tw, wname, &tx, K) < 0)
+    if (fs_tensor_import(st, w_arg, wname, stream, FS_ROUTE_AUTO, FS_FLOATS, &tw) < 0 || fs_check_weight(&tw, wname, &tx, K) < 0)
         goto done;
     int64_t N = tw.shape[0];
     if (packed) {
@@ -243,7 +286,7 @@ static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg,
         }
         N /= 2;
     } else if (swiglu) {
-        if (fs_tensor_import(st, w2_arg, "w_up", stream, FS_ROUTE_AUTO, FS_FLOATS, &tw2) < 0 || check_weight(&tw2, "w_up", &tx, K) < 0)
+        if (fs_tensor_import(st, w2_arg, "w_up", stream, FS_ROUTE_AUTO, FS_FLOATS, &tw2) < 0 || fs_check_weight(&tw2, "w_up", &tx, K) < 0)
             goto done;
         if (tw2.shape[0] != N) {
             PyErr_Format(PyExc_ValueError, "w_up has %lld rows but w_gate has %lld: they must match", (long long)tw2.shape[0],
@@ -252,7 +295,7 @@ static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg,
         }
     }
     fs_dtype out_dtype;
-    if (parse_out_dtype(st, dtype_arg, tx.dtype, &out_dtype) < 0 || check_device_support(&tx, out_dtype, N, K) < 0) goto done;
+    if (parse_out_dtype(st, dtype_arg, tx.dtype, &out_dtype) < 0 || fs_check_linear_device(&tx, out_dtype, N, K) < 0) goto done;
     if (fs_check_alignment(&tx, "x", tx.ndim - 1) < 0 || fs_check_alignment(&tw, wname, 1) < 0 ||
         (tw2.data && fs_check_alignment(&tw2, "w_up", 1) < 0))
         goto done;
@@ -264,15 +307,30 @@ static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg,
     memcpy(oshape, tx.shape, sizeof(int64_t) * tx.ndim);
     oshape[tx.ndim - 1] = N;
     int64_t ldy;
+    fs_tensor *inputs[4] = {&tx, &tw};
+    const char *in_names[4] = {"x", wname};
+    int n_in = 2;
+    if (tw2.data) { inputs[n_in] = &tw2; in_names[n_in++] = "w_up"; }
+    if (tb.data) { inputs[n_in] = &tb; in_names[n_in++] = "bias"; }
+    if (pre_arg != Py_None) {
+        /* the pre-activation, [..., N] (SwiGLU [..., 2N]: gate, then up) in x's dtype, for the backward */
+        int64_t pshape[FS_MAX_NDIM], rows;
+        memcpy(pshape, oshape, sizeof(int64_t) * tx.ndim);
+        pshape[tx.ndim - 1] = swiglu ? 2 * N : N;
+        if (out_dtype != tx.dtype) {
+            PyErr_Format(PyExc_ValueError, "preactivation= needs the output in x's dtype %s, got out_dtype %s",
+                         fs_dtype_name(tx.dtype), fs_dtype_name(out_dtype));
+            goto done;
+        }
+        if (fs_tensor_import(st, pre_arg, "preactivation", stream, FS_ROUTE_AUTO, FS_FLOATS, &tp) < 0 ||
+            fs_check_out(&tp, inputs, in_names, n_in, pshape, tx.ndim, tx.dtype) < 0 ||
+            fs_as_rows(&tp, "preactivation", &rows, &ldpre) < 0 || fs_check_alignment(&tp, "preactivation", tx.ndim - 1) < 0)
+            goto done;
+    }
     if (out_arg != Py_None) {
-        fs_tensor *inputs[4] = {&tx, &tw};
-        const char *in_names[4] = {"x", wname};
-        int n_in = 2;
-        if (tw2.data) { inputs[n_in] = &tw2; in_names[n_in++] = "w_up"; }
-        if (tb.data) { inputs[n_in] = &tb; in_names[n_in++] = "bias"; }
         int64_t rows;
         if (fs_tensor_import(st, out_arg, "out", stream, FS_ROUTE_AUTO, FS_FLOATS, &to) < 0 ||
-            fs_check_out(&to, inputs, in_names, n_in, oshape, tx.ndim, out_dtype) < 0 || as_rows(&to, "out", &rows, &ldy) < 0)
+            fs_check_out(&to, inputs, in_names, n_in, oshape, tx.ndim, out_dtype) < 0 || fs_as_rows(&to, "out", &rows, &ldy) < 0)
             goto done;
         out = Py_NewRef(out_arg);
     } else {
@@ -304,32 +362,34 @@ static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg,
     p.dtype = tx.dtype;
     p.out_dtype = out_dtype;
     p.act = act;
-    p.swiglu = swiglu;
-    fs_tensor *const arrays[5] = {&tx, &tw, &tw2, &tb, &to};
-    if (run_gemm(st, &p, arrays, 5, stream) < 0) goto done;
+    p.swiglu = (unsigned char)swiglu;
+    fs_tensor *const arrays[6] = {&tx, &tw, &tw2, &tb, &to, &tp};
+    if ((tp.data ? run_with_preactivation(st, &p, tp.data, ldpre, arrays, 6, stream) : fs_run_gemm(st, &p, arrays, 6, stream)) < 0)
+        goto done;
     result = Py_NewRef(out);
 done:
-    for (int i = 0; i < 5; i++) fs_tensor_release(all[i]);
+    for (int i = 0; i < 6; i++) fs_tensor_release(all[i]);
     Py_XDECREF(out);
     return result;
 }
 
 PyObject *fs_linear(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"x", "weight", "bias", "activation", "out", "out_dtype", "stream", NULL};
-    PyObject *x, *w, *bias = Py_None, *act_arg = Py_None, *out = Py_None, *dtype = Py_None, *stream = Py_None;
+    static char *kwlist[] = {"x", "weight", "bias", "activation", "out", "out_dtype", "preactivation", "stream", NULL};
+    PyObject *x, *w, *bias = Py_None, *act_arg = Py_None, *out = Py_None, *dtype = Py_None, *pre = Py_None, *stream = Py_None;
     fs_activation act;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OOOO:linear", kwlist, &x, &w, &bias, &act_arg, &out, &dtype, &stream))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OOOOO:linear", kwlist, &x, &w, &bias, &act_arg, &out, &dtype, &pre,
+                                     &stream))
         return NULL;
-    if (parse_activation(act_arg, &act) < 0) return NULL;
-    return gemm_call(module, "linear", x, w, NULL, bias, act, 0, out, dtype, stream);
+    if (fs_parse_activation(act_arg, &act) < 0) return NULL;
+    return gemm_call(module, "linear", x, w, NULL, bias, act, 0, out, dtype, pre, stream);
 }
 
 PyObject *fs_swiglu(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"x", "w_gate", "w_up", "out", "out_dtype", "stream", NULL};
-    PyObject *x, *wg, *wu = Py_None, *out = Py_None, *dtype = Py_None, *stream = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OOO:swiglu", kwlist, &x, &wg, &wu, &out, &dtype, &stream))
+    static char *kwlist[] = {"x", "w_gate", "w_up", "out", "out_dtype", "preactivation", "stream", NULL};
+    PyObject *x, *wg, *wu = Py_None, *out = Py_None, *dtype = Py_None, *pre = Py_None, *stream = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$OOOO:swiglu", kwlist, &x, &wg, &wu, &out, &dtype, &pre, &stream))
         return NULL;
-    return gemm_call(module, "swiglu", x, wg, wu, Py_None, FS_ACT_NONE, 1, out, dtype, stream);
+    return gemm_call(module, "swiglu", x, wg, wu, Py_None, FS_ACT_NONE, 1, out, dtype, pre, stream);
 }

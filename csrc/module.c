@@ -57,6 +57,8 @@ static PyMethodDef module_methods[] = {
      attention_varlen_backward_doc},
     {"linear", (PyCFunction)(void (*)(void))fs_linear, METH_VARARGS | METH_KEYWORDS, linear_doc},
     {"swiglu", (PyCFunction)(void (*)(void))fs_swiglu, METH_VARARGS | METH_KEYWORDS, swiglu_doc},
+    {"linear_backward", (PyCFunction)(void (*)(void))fs_linear_backward, METH_VARARGS | METH_KEYWORDS, linear_backward_doc},
+    {"swiglu_backward", (PyCFunction)(void (*)(void))fs_swiglu_backward, METH_VARARGS | METH_KEYWORDS, swiglu_backward_doc},
     {"cuda_device_count", cuda_device_count, METH_NOARGS, cuda_device_count_doc},
     {"device_info", (PyCFunction)(void (*)(void))device_info, METH_FASTCALL, device_info_doc},
     {"build_info", build_info, METH_NOARGS, build_info_doc},

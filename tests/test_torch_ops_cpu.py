@@ -180,3 +180,42 @@ def test_compile_backward_and_checkpoint():
     for a, b, c in zip(eager, compiled, ckpt):
         torch.testing.assert_close(b, a)
         torch.testing.assert_close(c, a)
+
+
+@pytest.mark.parametrize("act", [None, "relu", "gelu", "gelu_tanh", "silu"])
+def test_gradcheck_linear(act):
+    """torch.ops.flashsci.linear's gradients (flashsci.linear_backward) against finite differences, float64."""
+    x, w, b = (torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in ((3, 5, 16), (24, 16), (24,)))
+    assert torch.autograd.gradcheck(lambda x, w, b: ops.linear(x, w, b, act), (x, w, b))
+    assert torch.autograd.gradcheck(lambda x, w: ops.linear(x, w, None, act), (x, w))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_gradcheck_swiglu(packed):
+    x = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
+    ws = [torch.randn(48 if packed else 24, 16, dtype=torch.float64, requires_grad=True) for _ in range(1 if packed else 2)]
+    assert torch.autograd.gradcheck(lambda x, *w: ops.swiglu(x, *w), (x, *ws))
+
+
+def test_linear_keeps_preactivation_only_when_recording():
+    x, w = torch.randn(4, 16), torch.randn(8, 16, requires_grad=True)
+    assert ops.linear_fwd(x, w, None, "gelu", flashsci.torch_ops._keeps_graph(x, w))[1].shape == (4, 8)
+    with torch.no_grad():
+        assert ops.linear_fwd(x, w, None, "gelu", flashsci.torch_ops._keeps_graph(x, w))[1].numel() == 0
+    # a float32 bias gets a float32 gradient from bfloat16 inputs
+    xb, wb, bb = torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(8, requires_grad=True)
+    ops.linear(xb, wb, bb, "silu").float().sum().backward()
+    assert bb.grad.dtype == torch.float32
+
+
+def test_opcheck_linear_backward_ops():
+    """opcheck on linear_fwd / swiglu_fwd with inputs that require grad, and on linear_bwd / swiglu_bwd."""
+    x, w, b = torch.randn(6, 24, requires_grad=True), torch.randn(16, 24, requires_grad=True), torch.randn(16, requires_grad=True)
+    torch.library.opcheck(ops.linear_fwd, (x, w, b, "gelu", True))
+    y, h = ops.linear_fwd(x.detach(), w.detach(), b.detach(), "gelu", True)
+    torch.library.opcheck(ops.linear_bwd, (torch.randn_like(y), x.detach(), w.detach(), h, "gelu", torch.float32))
+    wg, wu = torch.randn(16, 24, requires_grad=True), torch.randn(16, 24, requires_grad=True)
+    torch.library.opcheck(ops.swiglu_fwd, (x, wg, wu, True))
+    y, h = ops.swiglu_fwd(x.detach(), wg.detach(), wu.detach(), True)
+    torch.library.opcheck(ops.swiglu_bwd, (torch.randn_like(y), x.detach(), wg.detach(), wu.detach(), h))
+    torch.library.opcheck(ops.swiglu_bwd, (torch.randn_like(y), x.detach(), torch.cat([wg, wu]).detach(), None, h))

@@ -44,6 +44,8 @@ FS_DEV void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, ui
 template <int N, typename T> FS_DEV_T void wgmma_ss(float d[N / 2], uint64_t da, uint64_t db, int acc);
 /* D (64 x N, fp32) (+)= A (64 x 16, shared, MN-major) B (16 x N, shared, MN-major); acc = 0 overwrites D. */
 template <int N, typename T> FS_DEV_T void wgmma_ss_mn(float d[N / 2], uint64_t da, uint64_t db, int acc);
+/* D (64 x N, fp32) (+)= A (64 x 16, shared) B (16 x N, shared), each K-major or, with TA / TB, MN-major. */
+template <int N, typename T> struct wgmma_sst;
 /* D (64 x N, fp32) += A (64 x 16, registers) B (16 x N, shared, MN-major). */
 template <int N, typename T> FS_DEV_T void wgmma_rs(float d[N / 2], const uint32_t a[4], uint64_t db);
 /* D (64 x N, fp32) (+)= A (64 x 16, registers) B (16 x N, shared, K-major); acc = 0 overwrites D. */
@@ -74,6 +76,16 @@ template <> FS_DEV_T void NAME<N, TY>(float d[N / 2], uint64_t da, uint64_t db, 
 }
 #define FS_WGMMA_SS(...) FS_WGMMA_SS_AS(wgmma_ss, "0, 0", __VA_ARGS__)
 #define FS_WGMMA_SS_MN(...) FS_WGMMA_SS_AS(wgmma_ss_mn, "1, 1", __VA_ARGS__)
+/* wgmma_sst<N, TY>::run<TA, TB>: the transpose flags as immediates */
+#define FS_WGMMA_SST(N, TY, TN, REGS, DA, DB, ACC, TA, TB, ...) \
+template <> struct wgmma_sst<N, TY> { \
+    template <int TRA, int TRB> static __device__ __forceinline__ void run(float d[N / 2], uint64_t da, uint64_t db, int acc) \
+    { \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n" \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TN "." TN " {" REGS "}, " DA ", " DB ", p, 1, 1, " TA ", " TB ";\n}\n" \
+                     : __VA_ARGS__ : "l"(da), "l"(db), "r"(acc), "n"(TRA), "n"(TRB)); \
+    } \
+};
 #define FS_WGMMA_RS(N, TY, TN, REGS, A, DB, ...) \
 template <> FS_DEV_T void wgmma_rs<N, TY>(float d[N / 2], const uint32_t a[4], uint64_t db) \
 { \
@@ -92,10 +104,11 @@ template <> FS_DEV_T void wgmma_rs_kmajor<N, TY>(float d[N / 2], const uint32_t 
 #define FS_WGMMA_SHAPES(TY, TN) \
     FS_WGMMA_SS(64, TY, TN, FS_R0 ", " FS_R16, "%32", "%33", "%34", FS_D32(0)) \
     FS_WGMMA_SS(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64", "%65", "%66", FS_D32(0), FS_D32(32)) \
-    FS_WGMMA_SS(160, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64, "%80", "%81", "%82", FS_D32(0), FS_D32(32), FS_D8(64), FS_D8(72)) \
-    FS_WGMMA_SS(192, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64 ", " FS_R80, "%96", "%97", "%98", FS_D32(0), FS_D32(32), FS_D32(64)) \
-    FS_WGMMA_SS(256, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64 ", " FS_R80 ", " FS_R96 ", " FS_R112, "%128", "%129", "%130", FS_D32(0), FS_D32(32), FS_D32(64), FS_D32(96)) \
     FS_WGMMA_SS_MN(64, TY, TN, FS_R0 ", " FS_R16, "%32", "%33", "%34", FS_D32(0)) \
+    FS_WGMMA_SST(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64", "%65", "%66", "%67", "%68", FS_D32(0), FS_D32(32)) \
+    FS_WGMMA_SST(160, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64, "%80", "%81", "%82", "%83", "%84", FS_D32(0), FS_D32(32), FS_D8(64), FS_D8(72)) \
+    FS_WGMMA_SST(192, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64 ", " FS_R80, "%96", "%97", "%98", "%99", "%100", FS_D32(0), FS_D32(32), FS_D32(64)) \
+    FS_WGMMA_SST(256, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64 ", " FS_R80 ", " FS_R96 ", " FS_R112, "%128", "%129", "%130", "%131", "%132", FS_D32(0), FS_D32(32), FS_D32(64), FS_D32(96)) \
     FS_WGMMA_RS(64, TY, TN, FS_R0 ", " FS_R16, "%32, %33, %34, %35", "%36", FS_D32(0)) \
     FS_WGMMA_RS(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64, %65, %66, %67", "%68", FS_D32(0), FS_D32(32)) \
     FS_WGMMA_RSK(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64, %65, %66, %67", "%68", "%69", FS_D32(0), FS_D32(32))

@@ -17,7 +17,12 @@ typedef enum { FS_ACT_NONE = 0, FS_ACT_RELU, FS_ACT_GELU, FS_ACT_GELU_TANH, FS_A
 /* Y = act(X W^T + bias), or with swiglu Y = silu(X W^T) * (X W2^T):
  *   X [M, K] rows ldx apart, W and W2 [N, K] (nn.Linear layout) rows ldw / ldw2 apart, bias [N] or NULL,
  *   Y [M, N] rows ldy apart. Strides in elements, the last dimension contiguous everywhere. X, W, W2 share
- *   dtype; Y has out_dtype; accumulation is fp32 (fp64 on the CPU). */
+ *   dtype; Y has out_dtype; accumulation is fp32 (fp64 on the CPU).
+ * The backward's products read an operand transposed: trans_x, x holds X^T ([K, M], rows ldx apart); trans_w, w
+ *   holds W^T ([K, N], rows ldw apart). dX = dH W is (X = dH, trans_w, w = W); dW = dH^T X is (trans_x, x = dH,
+ *   trans_w, w = X). Transposed products take no bias, activation or SwiGLU. With trans_w, a non-NULL w2 holds the
+ *   second half of W^T's rows (K even; rows K / 2 .. K of W^T are w2's rows 0 .. K / 2, ldw2 apart): the SwiGLU
+ *   backward's dX = dG Wg + dU Wu as one product of X = (dG | dU) with separate gate and up weights. */
 typedef struct {
     const void *x, *w, *w2, *bias;
     void *y;
@@ -25,7 +30,7 @@ typedef struct {
     int M, N, K;
     fs_dtype dtype, bias_dtype, out_dtype;
     fs_activation act;
-    int swiglu;
+    unsigned char swiglu, trans_x, trans_w; /* flags in bytes: the struct stays 104 bytes, a kernel parameter */
 } fs_gemm_params;
 
 #ifdef __cplusplus

@@ -7,8 +7,9 @@
 See README.md for the full API.
 """
 from ._flashsci import (Array, attention, attention_backward, attention_varlen, attention_varlen_backward, build_info,
-                        cuda_device_count, device_info, linear, swiglu, CUDA_BUILT)
+                        cuda_device_count, device_info, linear, linear_backward, swiglu, swiglu_backward,
+                        CUDA_BUILT)
 
 __all__ = ["Array", "attention", "attention_backward", "attention_varlen", "attention_varlen_backward", "build_info",
-           "cuda_device_count", "device_info", "linear", "swiglu", "CUDA_BUILT"]
+           "cuda_device_count", "device_info", "linear", "linear_backward", "swiglu", "swiglu_backward", "CUDA_BUILT"]
 __version__ = "0.1.0"

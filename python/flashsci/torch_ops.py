@@ -4,7 +4,7 @@ breaks and captured by CUDA graphs:
     import flashsci.torch_ops                      # registers torch.ops.flashsci.* (imports torch)
     o = flashsci.torch_ops.attention(q, k, v, causal=True)      # or torch.ops.flashsci.attention(...)
     o.sum().backward()                             # dq, dk, dv by flashsci.attention_backward
-    y = torch.ops.flashsci.linear(x, w, b, "gelu")
+    y = torch.ops.flashsci.linear(x, w, b, "gelu")  # differentiable: dx, dw, db by flashsci.linear_backward
 
 attention and attention_varlen are composites of two ops: attention_fwd, which returns (out, lse) and saves them for
 its backward (no S x S tensor is ever saved), and attention_bwd, the gradients (dq, dk, dv, and the additive bias's
@@ -12,7 +12,8 @@ and the T5 table's when they require grad). lse is not differentiable. Each op c
 current stream; its fake kernel gives shapes and dtypes without running anything. Arguments that are tuples or
 "True or a float" in the Python API are flattened into typed ones: t5_bias=(table, buckets, max_distance,
 bidirectional) becomes t5_table, t5_num_buckets, t5_max_distance, t5_bidirectional, and rotary becomes rotary_base
-(None = off). linear and swiglu are forward only in this version.
+(None = off). linear and swiglu are composites too: linear_fwd / swiglu_fwd return (y, h), h the pre-activation the
+forward keeps when autograd records (else empty), and linear_bwd / swiglu_bwd the gradients.
 """
 from typing import Optional
 
@@ -240,26 +241,127 @@ torch.library.impl("flashsci::attention_varlen", "CompositeImplicitAutograd", at
 
 # ---------------------------------------------------------------------------------------------------------- linear
 
-@torch.library.custom_op("flashsci::linear", mutates_args=())
+def _keeps_graph(*tensors):
+    """Whether autograd records a call on these tensors (then the forward keeps what its backward needs)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+@torch.library.custom_op("flashsci::linear_fwd", mutates_args=())
+def linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None,
+               keep_preactivation: bool = False) -> tuple[Tensor, Tensor]:
+    """flashsci.linear as a torch op: (y, h), h = x @ weight.T + bias when kept for the backward (an activation and
+    autograd recording), else empty."""
+    x, weight, bias = x.detach(), weight.detach(), _plain(bias)
+    if not (keep_preactivation and activation is not None):
+        return _flashsci.linear(x, weight, bias, activation=activation), x.new_empty(0)
+    h = x.new_empty((*x.shape[:-1], weight.shape[0]))
+    return _flashsci.linear(x, weight, bias, activation=activation, preactivation=h), h
+
+
+@linear_fwd.register_fake
+def _linear_fwd_fake(x, weight, bias=None, activation=None, keep_preactivation=False):
+    """Shapes of flashsci::linear_fwd: y [..., N]; h like y when kept, else empty."""
+    y = x.new_empty((*x.shape[:-1], weight.shape[0]))
+    return y, (torch.empty_like(y) if keep_preactivation and activation is not None else x.new_empty(0))
+
+
+@torch.library.custom_op("flashsci::linear_bwd", mutates_args=())
+def linear_bwd(dy: Tensor, x: Tensor, weight: Tensor, h: Tensor, activation: Optional[str] = None,
+               bias_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor, Tensor]:
+    """flashsci.linear_backward as a torch op: (dx, dweight, dbias), dbias in bias_dtype, empty without a bias."""
+    dbias = None if bias_dtype is None else x.new_empty(weight.shape[0], dtype=bias_dtype)
+    dx, dw, db = _flashsci.linear_backward(_row_contiguous(dy.detach()), x.detach(), weight.detach(),
+                                           preactivation=None if activation is None else h.detach(),
+                                           activation=activation, bias_grad=dbias is not None, dbias=dbias)
+    return dx, dw, (x.new_empty(0) if db is None else db)
+
+
+@linear_bwd.register_fake
+def _linear_bwd_fake(dy, x, weight, h, activation=None, bias_dtype=None):
+    """Shapes of flashsci::linear_bwd: like x, like weight, (N,) in bias_dtype or empty."""
+    db = x.new_empty(0) if bias_dtype is None else x.new_empty(weight.shape[0], dtype=bias_dtype)
+    return torch.empty_like(x), torch.empty_like(weight), db
+
+
+def _linear_setup(ctx, inputs, output):
+    """Save x, weight and the pre-activation; the bias's dtype names its gradient's."""
+    x, weight, bias, activation, _ = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.activation = activation
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _linear_backward(ctx, grad_y, grad_h):
+    """Gradients of x, weight and bias; the kept pre-activation has none."""
+    x, weight, h = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    dx, dw, db = linear_bwd(grad_y, x, weight, h, ctx.activation, ctx.bias_dtype if need[2] else None)
+    return dx if need[0] else None, dw if need[1] else None, db if need[2] else None, None, None
+
+
+torch.library.register_autograd("flashsci::linear_fwd", _linear_backward, setup_context=_linear_setup)
+
+
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None) -> Tensor:
-    """flashsci.linear as a torch op: act(x @ weight.T + bias)."""
-    return _flashsci.linear(x, weight, bias, activation=activation)
+    """act(x @ weight.T + bias) by flashsci.linear, differentiable in x, weight and bias."""
+    return linear_fwd(x, weight, bias, activation, _keeps_graph(x, weight, bias))[0]
 
 
-@linear.register_fake
-def _linear_fake(x, weight, bias=None, activation=None):
-    """Output shape of flashsci::linear: x's leading dims, then N; x's dtype."""
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+@torch.library.custom_op("flashsci::swiglu_fwd", mutates_args=())
+def swiglu_fwd(x: Tensor, w_gate: Tensor, w_up: Optional[Tensor] = None,
+               keep_preactivation: bool = False) -> tuple[Tensor, Tensor]:
+    """flashsci.swiglu as a torch op: (y, h), h = (x @ w_gate.T | x @ w_up.T) when kept for the backward."""
+    x, w_gate, w_up = x.detach(), w_gate.detach(), _plain(w_up)
+    if not keep_preactivation:
+        return _flashsci.swiglu(x, w_gate, w_up), x.new_empty(0)
+    h = x.new_empty((*x.shape[:-1], w_gate.shape[0] * (2 if w_up is not None else 1)))
+    return _flashsci.swiglu(x, w_gate, w_up, preactivation=h), h
 
 
-@torch.library.custom_op("flashsci::swiglu", mutates_args=())
-def swiglu(x: Tensor, w_gate: Tensor, w_up: Optional[Tensor] = None) -> Tensor:
-    """flashsci.swiglu as a torch op: silu(x @ w_gate.T) * (x @ w_up.T), or a packed [2N, K] w_gate."""
-    return _flashsci.swiglu(x, w_gate, w_up)
-
-
-@swiglu.register_fake
-def _swiglu_fake(x, w_gate, w_up=None):
-    """Output shape of flashsci::swiglu: x's leading dims, then N."""
+@swiglu_fwd.register_fake
+def _swiglu_fwd_fake(x, w_gate, w_up=None, keep_preactivation=False):
+    """Shapes of flashsci::swiglu_fwd: y [..., N]; h [..., 2N] when kept, else empty."""
     n = w_gate.shape[0] if w_up is not None else w_gate.shape[0] // 2
-    return x.new_empty((*x.shape[:-1], n))
+    return x.new_empty((*x.shape[:-1], n)), (x.new_empty((*x.shape[:-1], 2 * n)) if keep_preactivation else x.new_empty(0))
+
+
+@torch.library.custom_op("flashsci::swiglu_bwd", mutates_args=())
+def swiglu_bwd(dy: Tensor, x: Tensor, w_gate: Tensor, w_up: Optional[Tensor], h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """flashsci.swiglu_backward as a torch op: (dx, dw_gate, dw_up), dw_up empty for a packed w_gate."""
+    grads = _flashsci.swiglu_backward(_row_contiguous(dy.detach()), x.detach(), w_gate.detach(), _plain(w_up),
+                                      preactivation=h.detach())
+    return grads if len(grads) == 3 else (*grads, x.new_empty(0))
+
+
+@swiglu_bwd.register_fake
+def _swiglu_bwd_fake(dy, x, w_gate, w_up, h):
+    """Shapes of flashsci::swiglu_bwd: like x, like w_gate, like w_up or empty."""
+    return torch.empty_like(x), torch.empty_like(w_gate), (x.new_empty(0) if w_up is None else torch.empty_like(w_up))
+
+
+def _swiglu_setup(ctx, inputs, output):
+    """Save x, the weights and the pre-activation."""
+    x, w_gate, w_up, _ = inputs
+    ctx.save_for_backward(x, w_gate, w_up, output[1])
+
+
+def _swiglu_backward(ctx, grad_y, grad_h):
+    """Gradients of x and the weights."""
+    x, w_gate, w_up, h = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    dx, dwg, dwu = swiglu_bwd(grad_y, x, w_gate, w_up, h)
+    return dx if need[0] else None, dwg if need[1] else None, dwu if need[2] else None, None
+
+
+torch.library.register_autograd("flashsci::swiglu_fwd", _swiglu_backward, setup_context=_swiglu_setup)
+
+
+def swiglu(x: Tensor, w_gate: Tensor, w_up: Optional[Tensor] = None) -> Tensor:
+    """silu(x @ w_gate.T) * (x @ w_up.T) by flashsci.swiglu (or a packed [2N, K] w_gate), differentiable."""
+    return swiglu_fwd(x, w_gate, w_up, _keeps_graph(x, w_gate, w_up))[0]
+
+
+torch.library.define("flashsci::linear", "(Tensor x, Tensor weight, Tensor? bias=None, str? activation=None) -> Tensor")
+torch.library.impl("flashsci::linear", "CompositeImplicitAutograd", linear)
+torch.library.define("flashsci::swiglu", "(Tensor x, Tensor w_gate, Tensor? w_up=None) -> Tensor")
+torch.library.impl("flashsci::swiglu", "CompositeImplicitAutograd", swiglu)

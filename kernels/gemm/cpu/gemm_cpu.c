@@ -4,7 +4,8 @@
  * reference and with the GPU. Run: pytest tests/test_linear_cpu.py.
  *
  * Tasks are (32-row block of X) x (64-row block of W); each task walks K in 256-wide chunks, widening the
- * chunk of X and W to double in its scratch, and keeps the 32 x 64 accumulators there too.
+ * chunk of X and W to double in its scratch (either stored transposed for the backward's products), and keeps the
+ * 32 x 64 accumulators there too.
  *
  * History (2-core CI machine):
  *   v1  blocked dot products, 4 partial sums per dot (vectorisable without -ffast-math)
@@ -53,6 +54,17 @@ static void widen(const void *base, int64_t ld, fs_dtype dt, int r0, int rows, i
         fs_load_row_d((const char *)base + ((int64_t)(r0 + r) * ld + k0) * item, dt, dst + (size_t)r * kc, kc);
 }
 
+/* The same block of a matrix stored transposed (element (r, k) at base[k ld + r]), into dst as above. */
+static void widen_t(const void *base, int64_t ld, fs_dtype dt, int r0, int rows, int k0, int kc, double *dst)
+{
+    const size_t item = dt == FS_F64 ? 8 : dt == FS_F32 ? 4 : 2;
+    double line[FS_GEMM_NB];
+    for (int k = 0; k < kc; k++) {
+        fs_load_row_d((const char *)base + ((int64_t)(k0 + k) * ld + r0) * item, dt, line, rows);
+        for (int r = 0; r < rows; r++) dst[(size_t)r * kc + k] = line[r];
+    }
+}
+
 /* Scratch doubles per task: X chunk, W chunk (and W2 chunk), accumulators (two sets for SwiGLU), one row. */
 static size_t scratch_doubles(void)
 {
@@ -71,10 +83,14 @@ static void gemm_task(void *ctx, int64_t t, void *scratch)
     double *acc = w2s + FS_GEMM_NB * FS_GEMM_KC, *acc2 = acc + FS_GEMM_MB * FS_GEMM_NB, *row = acc2 + FS_GEMM_MB * FS_GEMM_NB;
     for (int i = 0; i < 2 * FS_GEMM_MB * FS_GEMM_NB; i++) acc[i] = 0.0;
 
-    for (int k0 = 0; k0 < p->K; k0 += FS_GEMM_KC) {
-        const int kc = p->K - k0 < FS_GEMM_KC ? p->K - k0 : FS_GEMM_KC;
-        widen(p->x, p->ldx, p->dtype, m0, mb, k0, kc, xs);
-        widen(p->w, p->ldw, p->dtype, n0, nb, k0, kc, ws);
+    /* W^T in two halves (trans_w with w2): X's columns k against w's rows k, then w2's rows k - K / 2 */
+    const int halves = p->trans_w && p->w2, k_half = halves ? p->K / 2 : p->K;
+    for (int k0 = 0, kc; k0 < p->K; k0 += kc) {
+        const int second = halves && k0 >= k_half, end = second || !halves ? p->K : k_half;
+        kc = end - k0 < FS_GEMM_KC ? end - k0 : FS_GEMM_KC;
+        (p->trans_x ? widen_t : widen)(p->x, p->ldx, p->dtype, m0, mb, k0, kc, xs);
+        if (second) widen_t(p->w2, p->ldw2, p->dtype, n0, nb, k0 - k_half, kc, ws);
+        else (p->trans_w ? widen_t : widen)(p->w, p->ldw, p->dtype, n0, nb, k0, kc, ws);
         if (p->swiglu) widen(p->w2, p->ldw2, p->dtype, n0, nb, k0, kc, w2s);
         for (int i = 0; i < mb; i++)
             for (int j = 0; j < nb; j++) {

@@ -17,6 +17,9 @@
  * past M and N (outputs in another dtype than x, or rows TMA cannot address, take masked direct stores).
  * SwiGLU: the W tile is BN/2 rows of Wg then the same rows of Wu (two TMA boxes), so accumulator i (gate) and
  * i + BN/4 (up) sit in the same thread.
+ * Transposed operands (LAYOUT, the backward's products: 1 W^T given, dX = dH W; 2 X^T and W^T, dW = dH^T X): TMA
+ * copies BK rows (k) x 64 columns (m or n) per box, 128-byte swizzled, the panels of a tile one after another, and
+ * wgmma reads them MN-major (leading byte offset: the panel stride; stride byte offset: 8 rows of k).
  *
  * Versions and measurements: docs/notes/gemm.md.
  */
@@ -153,7 +156,10 @@ FS_DEV void store_staging90(const CUtensorMap *map_y, const unsigned char *tile,
 }
 #endif
 
-template <int BN, typename T, bool SWIGLU>
+/* Operand layouts: X W^T as nn.Linear stores them; W^T given (X W); X^T and W^T given (X^T W). */
+enum { LAYOUT_NT = 0, LAYOUT_NN = 1, LAYOUT_TN = 2 };
+
+template <int BN, typename T, bool SWIGLU, int LAYOUT>
 __global__ void __launch_bounds__(THREADS, 1)
 gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
           const __grid_constant__ CUtensorMap map_w2, const __grid_constant__ CUtensorMap map_y, const fs_gemm90_args a)
@@ -175,7 +181,10 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
      * activation thread arrives, the one issuing the TMA store once the store has read the tile) */
     uint64_t *staged = bias_empty + 2, *stored = staged + 2;
     const fs_gemm_params &p = a.p;
-    const int wg = threadIdx.x >> 7, nk = (p.K + BK - 1) / BK;
+    /* W^T in two halves (w2 with W^T given: the SwiGLU backward's dX = dG Wg + dU Wu): each half its own K steps, the
+     * first half's last step reading zeros from w past its rows whatever X holds there */
+    const bool halves = LAYOUT == LAYOUT_NN && p.w2;
+    const int wg = threadIdx.x >> 7, nk_half = (p.K / 2 + BK - 1) / BK, nk = halves ? 2 * nk_half : (p.K + BK - 1) / BK;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&full[s], 1);
@@ -211,9 +220,22 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                     mbar_wait(&empty[s], phase ^ 1);
                     if (kt == 0 && bias_bytes) mbar_wait(&bias_empty[i & 1], ((i >> 1) & 1) ^ 1);
                     mbar_expect_tx(&full[s], (BM + BN) * BK * 2 + (kt == 0 ? bias_bytes : 0));
-                    tma_load_2d(sA + s * BM * BK, &map_x, kt * BK, tm * BM, &full[s]);
-                    tma_load_2d(sB + s * BN * BK, &map_w, kt * BK, wrow0, &full[s]);
-                    tma_load_2d(sB + s * BN * BK + (BN / 2) * BK, wmap1, kt * BK, wrow1, &full[s]);
+                    if (LAYOUT == LAYOUT_TN)
+                        for (int b = 0; b < BM / 64; b++) tma_load_2d(sA + s * BM * BK + b * BK * 64, &map_x, tm * BM + 64 * b, kt * BK, &full[s]);
+                    else if (LAYOUT == LAYOUT_NT)
+                        tma_load_2d(sA + s * BM * BK, &map_x, kt * BK, tm * BM, &full[s]);
+                    if (LAYOUT == LAYOUT_NN && halves) {
+                        const int second = kt >= nk_half, k0 = (kt - second * nk_half) * BK;
+                        tma_load_2d(sA + s * BM * BK, &map_x, second * (p.K / 2) + k0, tm * BM, &full[s]);
+                        for (int b = 0; b < BN / 64; b++)
+                            tma_load_2d(sB + s * BN * BK + b * BK * 64, second ? &map_w2 : &map_w, tn * BN + 64 * b, k0, &full[s]);
+                    } else if (LAYOUT != LAYOUT_NT) {
+                        tma_load_2d(sA + s * BM * BK, &map_x, kt * BK, tm * BM, &full[s]);
+                        for (int b = 0; b < BN / 64; b++) tma_load_2d(sB + s * BN * BK + b * BK * 64, &map_w, tn * BN + 64 * b, kt * BK, &full[s]);
+                    } else {
+                        tma_load_2d(sB + s * BN * BK, &map_w, kt * BK, wrow0, &full[s]);
+                        tma_load_2d(sB + s * BN * BK + (BN / 2) * BK, wmap1, kt * BK, wrow1, &full[s]);
+                    }
                     if (kt == 0 && bias_bytes)
                         bulk_load(sBias + (i & 1) * OUT_BN * 4, static_cast<const unsigned char *>(p.bias) + (size_t)tn * OUT_BN * bias_size,
                                   bias_bytes, &full[s]);
@@ -268,11 +290,15 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             int prev = -1;
             for (int kt = 0; kt < nk; kt++) {
                 mbar_wait(&full[s], phase);
+                /* K-major: this warpgroup's 64 rows of 128 bytes, k16 step kk 32 bytes on; MN-major: its 64-column panel
+                 * (A) or the tile's panels (B), k16 step kk 16 rows on */
+                constexpr bool TA = LAYOUT == LAYOUT_TN, TB = LAYOUT != LAYOUT_NT;
                 const uint32_t a_addr = smem_addr(sA + s * BM * BK) + cw * 64 * 128, b_addr = smem_addr(sB + s * BN * BK);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < BK / 16; kk++)
-                    wgmma_ss<BN, T>(acc, desc_sw128(a_addr + 32 * kk, 16, 1024), desc_sw128(b_addr + 32 * kk, 16, 1024), 1);
+                    wgmma_sst<BN, T>::template run<TA, TB>(acc, TA ? desc_sw128(a_addr + kk * 16 * 128, BK * 128, 1024) : desc_sw128(a_addr + 32 * kk, 16, 1024),
+                                                           TB ? desc_sw128(b_addr + kk * 16 * 128, BK * 128, 1024) : desc_sw128(b_addr + 32 * kk, 16, 1024), 1);
                 wgmma_commit();
                 wgmma_wait<1>(); /* the previous step's group is done: its stage may be refilled */
                 if (prev >= 0 && lane == 0) mbar_arrive(&empty[prev]);
@@ -302,12 +328,15 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                  * writes visible to the async proxy, and one thread stores its boxes (waited on a tile later) */
                 unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
                 if (SWIGLU) stage90<NA, true, T, BOX>::template run<FS_ACT_SILU>(acc, warp, g, t4, nullptr, tile);
+                else if (LAYOUT != LAYOUT_NT) stage90<NA, false, T, BOX>::template run<FS_ACT_NONE>(acc, warp, g, t4, nullptr, tile);
                 else gemm_epilogue_dispatch<stage90<NA, false, T, BOX>>(p.act, acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile);
                 fence_proxy_async();
                 warpgroup_sync(cw);
                 if (leader) store_staging90<OUT_BN, BOX>(&map_y, tile, tm, tn, cw);
             } else if (SWIGLU) {
                 epilogue90<NA, true>::template run<FS_ACT_SILU>(p, acc, row0, col0, nullptr);
+            } else if (LAYOUT != LAYOUT_NT) {
+                epilogue90<NA, false>::template run<FS_ACT_NONE>(p, acc, row0, col0, nullptr);
             } else {
                 gemm_epilogue_dispatch<epilogue90<NA, false>>(p.act, p, acc, row0, col0, bias ? bias + 2 * t4 : nullptr);
             }
@@ -330,12 +359,13 @@ static cudaError_t make_map(CUtensorMap *map, const void *base, fs_dtype dt, int
     return fs_make_tensor_map(map, base, dt == FS_BF16, 2, dims, strides, box);
 }
 
-template <int BN, typename T, bool SWIGLU>
+template <int BN, typename T, bool SWIGLU, int LAYOUT>
 static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan)
 {
     constexpr int SMEM = fs_gemm90_tile<BN, SWIGLU>::SMEM, OUT_BN = SWIGLU ? BN / 2 : BN;
+    static_assert(LAYOUT == LAYOUT_NT || (BN % 64 == 0 && !SWIGLU), "transposed operands come in 64-column boxes");
     static fs_kernel handle;
-    const void *kernel = (const void *)gemm_sm90<BN, T, SWIGLU>;
+    const void *kernel = (const void *)gemm_sm90<BN, T, SWIGLU, LAYOUT>;
     fs_gemm90_args a;
     a.p = *p;
     a.tiles_m = (p->M + BM - 1) / BM;
@@ -355,9 +385,16 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
         return cudaSuccess;
     }
     CUtensorMap mx, mw, mw2, my;
-    cudaError_t err = make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM, BK);
-    if (err == cudaSuccess) err = make_map(&mw, p->w, p->dtype, p->N, p->K, p->ldw, BN / 2, BK);
-    if (err == cudaSuccess) err = SWIGLU ? make_map(&mw2, p->w2, p->dtype, p->N, p->K, p->ldw2, BN / 2, BK) : (mw2 = mw, cudaSuccess);
+    cudaError_t err = LAYOUT == LAYOUT_TN ? make_map(&mx, p->x, p->dtype, p->K, p->M, p->ldx, BK, 64)
+                                          : make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM, BK);
+    const int w_rows = LAYOUT == LAYOUT_NN && p->w2 ? p->K / 2 : p->K; /* W^T's rows per map: halves, or all */
+    if (err == cudaSuccess)
+        err = LAYOUT != LAYOUT_NT ? make_map(&mw, p->w, p->dtype, w_rows, p->N, p->ldw, BK, 64)
+                                  : make_map(&mw, p->w, p->dtype, p->N, p->K, p->ldw, BN / 2, BK);
+    if (err == cudaSuccess)
+        err = SWIGLU ? make_map(&mw2, p->w2, p->dtype, p->N, p->K, p->ldw2, BN / 2, BK)
+            : LAYOUT == LAYOUT_NN && p->w2 ? make_map(&mw2, p->w2, p->dtype, w_rows, p->N, p->ldw2, BK, 64)
+                                           : (mw2 = mw, cudaSuccess);
     if (err == cudaSuccess)
         err = a.tma_store ? make_map(&my, p->y, p->dtype, p->M, p->N, p->ldy, 64, fs_gemm90_tile<BN, SWIGLU>::BOX) : (my = mx, cudaSuccess);
     if (err == cudaSuccess) err = fs_kernel_prepare(kernel, &handle, SMEM, device);
@@ -371,15 +408,16 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
  * (H100, K = 2560: a round of 128 x BN tiles took 0.0285 us per column-step and about 1.5 us more; each round
  * measured for every width at M = 256 ... 2048); ties go to the wider tile. tile_n, when nonzero, is taken
  * instead (tests and benchmarks; SwiGLU ignores 160). */
-template <typename T, bool SWIGLU>
+template <typename T, bool SWIGLU, int LAYOUT = LAYOUT_NT>
 static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_count, int tile_n, cudaStream_t stream,
                                 fs_gemm_plan *plan)
 {
     static const int widths[4] = {256, 192, 160, 128};
+    constexpr bool NO_160 = SWIGLU || LAYOUT != LAYOUT_NT; /* 160 is no whole number of 64-column panels */
     int best = 0;
     long long best_cost = 0;
     for (int i = 0; i < 4; i++) {
-        if (SWIGLU && widths[i] == 160) continue;
+        if (NO_160 && widths[i] == 160) continue;
         const int out_bn = SWIGLU ? widths[i] / 2 : widths[i];
         const long long tiles = (long long)((p->M + BM - 1) / BM) * ((p->N + out_bn - 1) / out_bn);
         const long long cost = (tiles + sm_count - 1) / sm_count * ((long long)widths[i] * ((p->K + BK - 1) / BK) + 512);
@@ -389,11 +427,20 @@ static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_coun
         }
     }
     for (int i = 0; i < 4; i++)
-        if (tile_n == widths[i] && !(SWIGLU && tile_n == 160)) best = i;
-    if (best == 2 && !SWIGLU) return launch<160, T, false>(p, device, sm_count, stream, plan);
-    return best == 0 ? launch<256, T, SWIGLU>(p, device, sm_count, stream, plan)
-         : best == 1 ? launch<192, T, SWIGLU>(p, device, sm_count, stream, plan)
-                     : launch<128, T, SWIGLU>(p, device, sm_count, stream, plan);
+        if (tile_n == widths[i] && !(NO_160 && tile_n == 160)) best = i;
+    if (best == 2 && !NO_160) return launch<160, T, false, LAYOUT_NT>(p, device, sm_count, stream, plan);
+    return best == 0 ? launch<256, T, SWIGLU, LAYOUT>(p, device, sm_count, stream, plan)
+         : best == 1 ? launch<192, T, SWIGLU, LAYOUT>(p, device, sm_count, stream, plan)
+                     : launch<128, T, SWIGLU, LAYOUT>(p, device, sm_count, stream, plan);
+}
+
+/* The backward's products: X W with W^T given, or X^T W with both given transposed. */
+template <typename T>
+static cudaError_t launch_transposed(const fs_gemm_params *p, int device, int sm_count, int tile_n, cudaStream_t stream,
+                                     fs_gemm_plan *plan)
+{
+    return p->trans_x ? launch_tiles<T, false, LAYOUT_TN>(p, device, sm_count, tile_n, stream, plan)
+                      : launch_tiles<T, false, LAYOUT_NN>(p, device, sm_count, tile_n, stream, plan);
 }
 
 extern "C" int fs_gemm_sm90_built(void)
@@ -408,6 +455,9 @@ extern "C" int fs_gemm_sm90_built(void)
 extern "C" cudaError_t fs_gemm_sm90(const fs_gemm_params *p, int device, int sm_count, int tile_n, cudaStream_t stream,
                                     fs_gemm_plan *plan)
 {
+    if ((p->trans_x && !p->trans_w) || (p->trans_w && p->w2 && (p->trans_x || p->K % 2))) return cudaErrorInvalidValue;
+    if (p->trans_w) return p->dtype == FS_F16 ? launch_transposed<__half>(p, device, sm_count, tile_n, stream, plan)
+                                              : launch_transposed<__nv_bfloat16>(p, device, sm_count, tile_n, stream, plan);
     if (p->dtype == FS_F16)
         return p->swiglu ? launch_tiles<__half, true>(p, device, sm_count, tile_n, stream, plan)
                          : launch_tiles<__half, false>(p, device, sm_count, tile_n, stream, plan);

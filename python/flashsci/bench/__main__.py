@@ -6,6 +6,7 @@
     python -m flashsci.bench --sets features      # protein options vs torch on real UniProt lengths
     python -m flashsci.bench --sets gqa           # grouped-query attention vs SDPA enable_gqa
     python -m flashsci.bench --sets linear        # fused linear / SwiGLU vs torch GEMMs
+    python -m flashsci.bench --sets linear_train  # their forward + backward vs torch autograd
     python -m flashsci.bench --sets backward      # attention backward vs SDPA's FlashAttention-2 and cuDNN backward
     python -m flashsci.bench --e2e                # HF ESM2 / ProtT5 stock vs patched, proteins/s
     python -m flashsci.bench --train              # masked-LM fine-tuning steps (ESM2, ProtT5, ESM-C, LoRA), stock vs patched
@@ -24,7 +25,7 @@ import sys
 import flashsci
 from flashsci.bench import attention, cpu
 
-GPU_SETS = attention.SETS + ("features", "gqa", "linear", "backward")
+GPU_SETS = attention.SETS + ("features", "gqa", "linear", "linear_train", "backward")
 GPU_DTYPES = ("float16", "bfloat16")
 
 
@@ -135,6 +136,9 @@ def main(argv=None):
     if "linear" in sets:
         from flashsci.bench.linear import run_linear
         rows += run_linear(dtype[0], args.out)
+    if "linear_train" in sets:
+        from flashsci.bench.linear_train import run_linear_train
+        rows += run_linear_train(dtype[0], args.out)
     if "backward" in sets:
         from flashsci.bench.backward import run_backward
         rows += run_backward(dtype[0], args.out, args.fasta)
