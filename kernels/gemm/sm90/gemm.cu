@@ -220,21 +220,19 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                     mbar_wait(&empty[s], phase ^ 1);
                     if (kt == 0 && bias_bytes) mbar_wait(&bias_empty[i & 1], ((i >> 1) & 1) ^ 1);
                     mbar_expect_tx(&full[s], (BM + BN) * BK * 2 + (kt == 0 ? bias_bytes : 0));
+                    /* A: X's rows (halves: the second half's columns from K / 2 on), or X^T's 64-column panels */
+                    const int second = halves && kt >= nk_half, k0 = (kt - second * nk_half) * BK;
                     if (LAYOUT == LAYOUT_TN)
-                        for (int b = 0; b < BM / 64; b++) tma_load_2d(sA + s * BM * BK + b * BK * 64, &map_x, tm * BM + 64 * b, kt * BK, &full[s]);
-                    else if (LAYOUT == LAYOUT_NT)
-                        tma_load_2d(sA + s * BM * BK, &map_x, kt * BK, tm * BM, &full[s]);
-                    if (LAYOUT == LAYOUT_NN && halves) {
-                        const int second = kt >= nk_half, k0 = (kt - second * nk_half) * BK;
+                        for (int b = 0; b < BM / 64; b++) tma_load_2d(sA + s * BM * BK + b * BK * 64, &map_x, tm * BM + 64 * b, k0, &full[s]);
+                    else
                         tma_load_2d(sA + s * BM * BK, &map_x, second * (p.K / 2) + k0, tm * BM, &full[s]);
+                    /* B: W's rows in two boxes (SwiGLU: gate rows, then up rows), or W^T's panels (halves: from w2) */
+                    if (LAYOUT == LAYOUT_NT) {
+                        tma_load_2d(sB + s * BN * BK, &map_w, k0, wrow0, &full[s]);
+                        tma_load_2d(sB + s * BN * BK + (BN / 2) * BK, wmap1, k0, wrow1, &full[s]);
+                    } else {
                         for (int b = 0; b < BN / 64; b++)
                             tma_load_2d(sB + s * BN * BK + b * BK * 64, second ? &map_w2 : &map_w, tn * BN + 64 * b, k0, &full[s]);
-                    } else if (LAYOUT != LAYOUT_NT) {
-                        tma_load_2d(sA + s * BM * BK, &map_x, kt * BK, tm * BM, &full[s]);
-                        for (int b = 0; b < BN / 64; b++) tma_load_2d(sB + s * BN * BK + b * BK * 64, &map_w, tn * BN + 64 * b, kt * BK, &full[s]);
-                    } else {
-                        tma_load_2d(sB + s * BN * BK, &map_w, kt * BK, wrow0, &full[s]);
-                        tma_load_2d(sB + s * BN * BK + (BN / 2) * BK, wmap1, kt * BK, wrow1, &full[s]);
                     }
                     if (kt == 0 && bias_bytes)
                         bulk_load(sBias + (i & 1) * OUT_BN * 4, static_cast<const unsigned char *>(p.bias) + (size_t)tn * OUT_BN * bias_size,

@@ -94,7 +94,7 @@ def packed_linear(linears):
     return w, (b if b is not None else torch.cat([m.bias for m in linears]))
 
 
-# flashsci.linear's activations as torch functions, for calls that need autograd (flashsci.linear is forward only)
+# flashsci.linear's activations as torch functions, for adapters and for CPU tensors under autograd
 TORCH_ACTIVATIONS = {None: lambda x: x, "relu": torch.relu, "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
                      "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}
 
@@ -104,10 +104,19 @@ def needs_grad(*tensors):
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def fused_backward(x):
+    """Whether a recorded call goes through flashsci's differentiable ops: CUDA fp16 / bf16 (on the CPU torch's GEMMs
+    are the faster backward)."""
+    return x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
+
+
 def linear(x, weight, bias=None, activation=None):
-    """act(x W^T + b): flashsci.linear, as the torch op while torch.compile traces (no graph break), else the C call
-    (no dispatcher); F.linear and the activation in torch where autograd records (flashsci.linear has no backward)."""
+    """act(x W^T + b): flashsci.linear, as the torch op while torch.compile traces or autograd records on the GPU (its
+    backward by flashsci.linear_backward), else the C call (no dispatcher); F.linear and the activation in torch
+    where autograd records on the CPU."""
     if needs_grad(x, weight, bias):
+        if fused_backward(x):
+            return torch.ops.flashsci.linear(x, weight, bias, activation)
         return TORCH_ACTIVATIONS[activation](torch.nn.functional.linear(x, weight, bias))
     if torch.compiler.is_compiling():
         return torch.ops.flashsci.linear(x, weight, bias, activation)
@@ -183,11 +192,11 @@ def plain_gemm(module):
 
 
 def swiglu(x, w_gate, w_up=None):
-    """flashsci.swiglu, as linear() picks its entry point (torch where autograd records)."""
-    if needs_grad(x, w_gate, w_up):
+    """flashsci.swiglu, as linear() picks its entry point (torch's GEMMs where autograd records on the CPU)."""
+    if needs_grad(x, w_gate, w_up) and not fused_backward(x):
         gate, up = (x @ w_gate.t()).chunk(2, -1) if w_up is None else (x @ w_gate.t(), x @ w_up.t())
         return torch.nn.functional.silu(gate) * up
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or needs_grad(x, w_gate, w_up):
         return torch.ops.flashsci.swiglu(x, w_gate, w_up)
     return _flashsci.swiglu(x, w_gate, w_up)
 
