@@ -172,3 +172,15 @@ def test_backward_errors():
         flashsci.swiglu_backward(np.ones((4, 4)), x, w, preactivation=h, dw_up=np.ones((4, 16)))
     with pytest.raises(ValueError, match="preactivation= needs the output in x's dtype"):
         flashsci.linear(x, w, out_dtype="float32", preactivation=h)
+
+
+def test_relu_backward_from_the_output():
+    """relu's derivative from y instead of h: the same gradients (y > 0 exactly where h > 0)."""
+    rng = np.random.default_rng()
+    x, w, b = rand(rng, (33, 40), np.float64), rand(rng, (24, 40), np.float64), rand(rng, (24,), np.float64)
+    h = np.empty((33, 24))
+    y = flashsci.linear(x, w, b, activation="relu", preactivation=h)
+    dy = rand(rng, y.shape, np.float64)
+    for a, c in zip(flashsci.linear_backward(dy, x, w, preactivation=h, activation="relu", bias_grad=True),
+                    flashsci.linear_backward(dy, x, w, preactivation=y, activation="relu", bias_grad=True)):
+        np.testing.assert_array_equal(a, c)

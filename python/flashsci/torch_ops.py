@@ -249,10 +249,10 @@ def _keeps_graph(*tensors):
 @torch.library.custom_op("flashsci::linear_fwd", mutates_args=())
 def linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None,
                keep_preactivation: bool = False) -> tuple[Tensor, Tensor]:
-    """flashsci.linear as a torch op: (y, h), h = x @ weight.T + bias when kept for the backward (an activation and
-    autograd recording), else empty."""
+    """flashsci.linear as a torch op: (y, h), h = x @ weight.T + bias when kept for the backward (an activation other
+    than relu, whose derivative y gives, and autograd recording), else empty."""
     x, weight, bias = x.detach(), weight.detach(), _plain(bias)
-    if not (keep_preactivation and activation is not None):
+    if not (keep_preactivation and activation not in (None, "relu")):
         return _flashsci.linear(x, weight, bias, activation=activation), x.new_empty(0)
     h = x.new_empty((*x.shape[:-1], weight.shape[0]))
     return _flashsci.linear(x, weight, bias, activation=activation, preactivation=h), h
@@ -262,7 +262,7 @@ def linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activat
 def _linear_fwd_fake(x, weight, bias=None, activation=None, keep_preactivation=False):
     """Shapes of flashsci::linear_fwd: y [..., N]; h like y when kept, else empty."""
     y = x.new_empty((*x.shape[:-1], weight.shape[0]))
-    return y, (torch.empty_like(y) if keep_preactivation and activation is not None else x.new_empty(0))
+    return y, (torch.empty_like(y) if keep_preactivation and activation not in (None, "relu") else x.new_empty(0))
 
 
 @torch.library.custom_op("flashsci::linear_bwd", mutates_args=())
@@ -284,9 +284,10 @@ def _linear_bwd_fake(dy, x, weight, h, activation=None, bias_dtype=None):
 
 
 def _linear_setup(ctx, inputs, output):
-    """Save x, weight and the pre-activation; the bias's dtype names its gradient's."""
+    """Save x, weight and the pre-activation (relu: the output, positive where h is); the bias's dtype names its
+    gradient's."""
     x, weight, bias, activation, _ = inputs
-    ctx.save_for_backward(x, weight, output[1])
+    ctx.save_for_backward(x, weight, output[0] if activation == "relu" else output[1])
     ctx.activation = activation
     ctx.bias_dtype = None if bias is None else bias.dtype
 
