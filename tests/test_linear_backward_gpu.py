@@ -55,6 +55,10 @@ def test_linear_grads(mkn, dtype, act, kernel):
     w = (torch.randn(n, k, device="cuda") / math.sqrt(k)).to(dtype)
     b = torch.randn(n, device="cuda", dtype=dtype)
     dy = torch.randn(m, n, device="cuda", dtype=dtype)
+    if act == "relu":
+        # at relu's kink the sign of an fp32 rounding error picks the derivative (cuBLAS and the Hopper kernel round
+        # alike there, the portable kernel's mma.sync does not): no gradient flows through |h| < 1e-3
+        dy = dy * (F.linear(x.double(), w.double(), b.double()).abs() > 1e-3)
     ref = grads(lambda x, w, b: torch_act(F.linear(x, w, b), act), (x.double(), w.double(), b.double()), dy.double())
     theirs = grads(lambda x, w, b: torch_act(F.linear(x, w, b), act), (x, w, b), dy)
     ours = grads(lambda x, w, b: ops.linear(x, w, b, act), (x, w, b), dy)
