@@ -47,11 +47,17 @@ static int gradient(fs_state *st, grad_call *c, int i, PyObject *given, const ch
 {
     fs_tensor *t = &c->t[i];
     if (given != Py_None) {
-        fs_tensor *inputs[5] = {&c->t[T_X], &c->t[T_DY], &c->t[T_W]};
-        const char *names[5] = {"x", "dy", "weight"};
-        int n = 3;
-        if (c->t[T_W2].data) { inputs[n] = &c->t[T_W2]; names[n++] = "w_up"; }
-        if (c->t[T_PRE].data) { inputs[n] = &c->t[T_PRE]; names[n++] = "preactivation"; }
+        /* no overlap with an input or with a gradient already placed */
+        static const char *const slot_names[T_COUNT] = {"dy", "x", "weight", "w_up", "preactivation", "dx", "dweight",
+                                                        "dw_up", "dbias"};
+        fs_tensor *inputs[T_COUNT] = {&c->t[T_X]};
+        const char *names[T_COUNT] = {"x"};
+        int n = 1;
+        for (int j = 0; j < T_COUNT; j++)
+            if (j != T_X && j != i && c->t[j].data) {
+                inputs[n] = &c->t[j];
+                names[n++] = slot_names[j];
+            }
         int64_t rows;
         if (fs_tensor_import(st, given, name, c->stream, FS_ROUTE_AUTO, FS_FLOATS, t) < 0 ||
             fs_check_out(t, inputs, names, n, shape, ndim, dtype) < 0 || fs_as_rows(t, name, &rows, &c->ld[i]) < 0 ||

@@ -184,3 +184,22 @@ def test_relu_backward_from_the_output():
     for a, c in zip(flashsci.linear_backward(dy, x, w, preactivation=h, activation="relu", bias_grad=True),
                     flashsci.linear_backward(dy, x, w, preactivation=y, activation="relu", bias_grad=True)):
         np.testing.assert_array_equal(a, c)
+
+
+def test_given_gradients_must_not_overlap():
+    x, w, dy = np.ones((4, 16)), np.ones((16, 16)), np.ones((4, 16))
+    buf = np.zeros((16, 16))
+    with pytest.raises(ValueError, match="overlaps x"):
+        flashsci.linear_backward(dy, x, w, dx=x)
+    with pytest.raises(ValueError, match="overlaps dx"):
+        flashsci.linear_backward(dy, x, w, dx=buf[:4], dweight=buf)
+
+
+@pytest.mark.parametrize("fn", ["linear", "swiglu", "linear_backward", "swiglu_backward"])
+def test_docstring_examples(fn):
+    """The examples in the functions' docstrings run and print what they show."""
+    import doctest
+    f = getattr(flashsci, fn)
+    runner = doctest.DocTestRunner()
+    runner.run(doctest.DocTestParser().get_doctest(f.__doc__, {}, fn, None, 0))
+    assert runner.summarize(verbose=False).attempted > 0 and runner.summarize(verbose=False).failed == 0

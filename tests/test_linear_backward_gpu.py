@@ -10,6 +10,7 @@ import flashsci
 
 torch = pytest.importorskip("torch")
 import flashsci.torch_ops  # noqa: E402,F401  (registers torch.ops.flashsci)
+from test_linear_gpu import kernel  # noqa: E402,F401  (the fixture: each test on both GEMM kernels)
 
 pytestmark = pytest.mark.gpu
 F = torch.nn.functional
@@ -18,13 +19,6 @@ ops = torch.ops.flashsci
 ACTS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 # (M, K, N): ESM2-3B FFN (trimmed in M), ESM2-650M, ESM-C-600M SwiGLU, tails in every dimension
 SHAPES = [(1024, 2560, 10240), (2048, 10240, 2560), (777, 1280, 5120), (100, 200, 136), (3, 64, 8), (130, 72, 264)]
-
-
-@pytest.fixture(params=["auto", "sm80"])
-def kernel(request):
-    flashsci._flashsci._set_gemm_kernel(request.param)
-    yield request.param
-    flashsci._flashsci._set_gemm_kernel("auto")
 
 
 def torch_act(y, act):
