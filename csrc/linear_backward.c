@@ -195,11 +195,11 @@ static fs_gemm_params dw_product(const grad_call *c, const void *dh, int64_t ldh
     return p;
 }
 
-/* Run the weight-gradient product, or zero dw when there are no rows (a product over K = 0). */
-static int run_dw(fs_state *st, grad_call *c, const fs_gemm_params *p)
+/* Run a product, or zero its output when there is nothing to sum (K = 0: no rows for dW, no columns of dy for dx). */
+static int run_product(fs_state *st, grad_call *c, const fs_gemm_params *p)
 {
     fs_tensor *const device[1] = {&c->t[T_X]}; /* where to run; the producers were waited for */
-    if (c->M > 0 || !c->t[T_X].is_cuda) return fs_run_gemm(st, p, device, 0, c->stream);
+    if (p->K > 0 || !c->t[T_X].is_cuda) return fs_run_gemm(st, p, device, 0, c->stream);
     const size_t item = fs_dtype_itemsize(p->out_dtype);
     return fs_gpu_zero(p->y, (size_t)p->ldy * item, (size_t)p->N * item, (size_t)p->M, c->t[T_X].device, c->stream);
 }
@@ -286,7 +286,7 @@ PyObject *fs_linear_backward(PyObject *module, PyObject *args, PyObject *kwargs)
     }
     const fs_gemm_params pdx = dx_product(&c, dh, ldh, c.N);
     const fs_gemm_params pdw = dw_product(&c, dh, ldh, c.N, c.t[T_DW].data, c.ld[T_DW]);
-    if (fs_run_gemm(st, &pdx, all, 0, c.stream) < 0 || run_dw(st, &c, &pdw) < 0) goto done;
+    if (run_product(st, &c, &pdx) < 0 || run_product(st, &c, &pdw) < 0) goto done;
     result = PyTuple_Pack(3, c.obj[T_DX], c.obj[T_DW], bias_grad ? c.obj[T_DB] : Py_None);
 done:
     Py_XDECREF(dh_obj);
@@ -344,14 +344,14 @@ PyObject *fs_swiglu_backward(PyObject *module, PyObject *args, PyObject *kwargs)
         if (fs_run_activation(st, &a, all, 0, c.stream) < 0) goto done;
     }
     const fs_gemm_params pdx = dx_product(&c, dgu, 2 * c.N, 2 * c.N);
-    if (fs_run_gemm(st, &pdx, all, 0, c.stream) < 0) goto done;
+    if (run_product(st, &c, &pdx) < 0) goto done;
     /* dWg = dg^T x and dWu = du^T x: one product into a packed [2N, K] gradient, or one each */
     const size_t half = (size_t)c.N * fs_dtype_itemsize(dt);
     fs_gemm_params pdw = dw_product(&c, dgu, 2 * c.N, packed ? 2 * c.N : c.N, c.t[T_DW].data, c.ld[T_DW]);
-    if (run_dw(st, &c, &pdw) < 0) goto done;
+    if (run_product(st, &c, &pdw) < 0) goto done;
     if (!packed) {
         pdw = dw_product(&c, (char *)dgu + half, 2 * c.N, c.N, c.t[T_DW2].data, c.ld[T_DW2]);
-        if (run_dw(st, &c, &pdw) < 0) goto done;
+        if (run_product(st, &c, &pdw) < 0) goto done;
     }
     result = packed ? PyTuple_Pack(2, c.obj[T_DX], c.obj[T_DW]) : PyTuple_Pack(3, c.obj[T_DX], c.obj[T_DW], c.obj[T_DW2]);
 done:

@@ -203,3 +203,9 @@ def test_docstring_examples(fn):
     runner = doctest.DocTestRunner()
     runner.run(doctest.DocTestParser().get_doctest(f.__doc__, {}, fn, None, 0))
     assert runner.summarize(verbose=False).attempted > 0 and runner.summarize(verbose=False).failed == 0
+
+
+def test_no_output_features():
+    dx, dw, db = flashsci.linear_backward(np.ones((4, 0)), np.ones((4, 8)), np.ones((0, 8)), bias_grad=True,
+                                          dx=np.full((4, 8), np.nan))
+    assert not dx.any() and dw.shape == (0, 8) and db.shape == (0,)

@@ -111,3 +111,11 @@ def test_no_rows(kernel):
     dw, db = torch.full_like(w, float("nan")), torch.full((32,), float("nan"), device="cuda", dtype=torch.bfloat16)
     dx, dw, db = flashsci.linear_backward(dy, x, w, preactivation=h, activation="gelu", bias_grad=True, dweight=dw, dbias=db)
     assert dx.shape == (0, 64) and not dw.any() and not db.any()
+
+
+def test_no_output_features(kernel):
+    """N = 0: dx is zeros (a sum over nothing), dweight and dbias empty."""
+    x, w = torch.randn(40, 64, device="cuda", dtype=torch.bfloat16), torch.empty(0, 64, device="cuda", dtype=torch.bfloat16)
+    dx = torch.full_like(x, float("nan"))
+    dx, dw, db = flashsci.linear_backward(torch.empty(40, 0, device="cuda", dtype=torch.bfloat16), x, w, bias_grad=True, dx=dx)
+    assert not dx.any() and dw.shape == (0, 64) and db.shape == (0,)
