@@ -34,10 +34,13 @@ def grads(fn, inputs, dy):
 
 
 def assert_within(ours, theirs, ref, what):
-    """Each of ours within 2x torch's own error against the float64 reference (a floor of one rounding of zero)."""
+    """Each of ours within 2x torch's own error against the float64 reference, or within one rounding of the
+    gradient's largest value (at a few outputs both errors are single roundings, and their ratio is chance: SwiGLU at
+    5 x 64 -> 24 reached 2.0x torch's in 150 draws)."""
     for name, a, b, r in zip(what, ours, theirs, ref):
         err, torch_err = (a.double() - r).abs().max().item(), (b.double() - r).abs().max().item()
-        assert err <= 2 * torch_err + 1e-6, f"{name}: error {err:.3g}, torch {torch_err:.3g}"
+        one_rounding = (2.0 ** -8 if a.dtype == torch.bfloat16 else 2.0 ** -11) * r.abs().max().item()
+        assert err <= max(2 * torch_err, one_rounding) + 1e-6, f"{name}: error {err:.3g}, torch {torch_err:.3g}"
 
 
 @pytest.mark.parametrize("act", ACTS)
