@@ -405,7 +405,7 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
  * the SMs times a tile's time, BN columns per K step of 64 plus a per-tile cost worth 512 such column-steps
  * (H100, K = 2560: a round of 128 x BN tiles took 0.0285 us per column-step and about 1.5 us more; each round
  * measured for every width at M = 256 ... 2048); ties go to the wider tile. tile_n, when nonzero, is taken
- * instead (tests and benchmarks; SwiGLU ignores 160). */
+ * instead (tests and benchmarks; SwiGLU and the transposed products ignore 160). */
 template <typename T, bool SWIGLU, int LAYOUT = LAYOUT_NT>
 static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_count, int tile_n, cudaStream_t stream,
                                 fs_gemm_plan *plan)
