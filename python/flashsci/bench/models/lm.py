@@ -6,8 +6,9 @@ Attention, one of:
     naive     the study's baseline: scores = q kᵀ/√d materialised, causal mask, softmax, · v (torch ops)
     sdpa      torch's F.scaled_dot_product_attention(is_causal=True) after the rotary in torch
     flashsci  flashsci's causal attention with the rotary inside the kernel (flashsci.torch_ops.attention, forward and
-              backward); the SwiGLU's first GEMM fused (flashsci.swiglu) where autograd does not record (flashsci.swiglu
-              has no backward: under autograd the feed-forward runs in torch)
+              backward); the SwiGLU's first GEMM fused (flashsci.swiglu) where autograd does not record; under autograd
+              the feed-forward runs in torch, as when the grid's training cells were recorded (flashsci.torch_ops.swiglu,
+              differentiable since, is not used here yet)
 Each attention call runs inside record_function("attention") so profiles can separate its kernels.
 """
 import torch
