@@ -198,30 +198,31 @@ int fs_check_out(const fs_tensor *o, fs_tensor *const *t, const char *const *nam
                  int ndim, fs_dtype dtype)
 {
     char b1[160], b2[160];
+    const char *on = o->name ? o->name : "out";
     if (o->ndim != ndim || memcmp(o->shape, shape, ndim * sizeof *shape)) {
-        PyErr_Format(PyExc_ValueError, "out has shape %s but the result has shape %s", fs_shape_str(o->shape, o->ndim, b1, sizeof b1),
+        PyErr_Format(PyExc_ValueError, "%s has shape %s but the result has shape %s", on, fs_shape_str(o->shape, o->ndim, b1, sizeof b1),
                      fs_shape_str(shape, ndim, b2, sizeof b2));
         return -1;
     }
     if (o->dtype != dtype) {
         if (dtype == t[0]->dtype)
-            PyErr_Format(PyExc_TypeError, "out has dtype %s but %s has %s", fs_dtype_name(o->dtype), names[0], fs_dtype_name(dtype));
+            PyErr_Format(PyExc_TypeError, "%s has dtype %s but %s has %s", on, fs_dtype_name(o->dtype), names[0], fs_dtype_name(dtype));
         else
-            PyErr_Format(PyExc_TypeError, "out has dtype %s but out_dtype is %s", fs_dtype_name(o->dtype), fs_dtype_name(dtype));
+            PyErr_Format(PyExc_TypeError, "%s has dtype %s but out_dtype is %s", on, fs_dtype_name(o->dtype), fs_dtype_name(dtype));
         return -1;
     }
     if (o->is_cuda != t[0]->is_cuda || o->device != t[0]->device) {
-        PyErr_Format(PyExc_ValueError, "out is on %s but %s is on %s", fs_device_str(o, b1, sizeof b1), names[0],
+        PyErr_Format(PyExc_ValueError, "%s is on %s but %s is on %s", on, fs_device_str(o, b1, sizeof b1), names[0],
                      fs_device_str(t[0], b2, sizeof b2));
         return -1;
     }
     if (o->readonly) {
-        PyErr_SetString(PyExc_ValueError, "out is read-only");
+        PyErr_Format(PyExc_ValueError, "%s is read-only", on);
         return -1;
     }
-    if (fs_check_sizes(o, "out") < 0) return -1;
+    if (fs_check_sizes(o, on) < 0) return -1;
     if (o->strides[ndim - 1] != 1 && o->shape[ndim - 1] != 1 && fs_numel(o) > 0) {
-        PyErr_Format(PyExc_ValueError, "out: the last dimension must be contiguous (stride 1), got stride %lld; %s",
+        PyErr_Format(PyExc_ValueError, "%s: the last dimension must be contiguous (stride 1), got stride %lld; %s", on,
                      (long long)o->strides[ndim - 1], fs_contiguous_hint(o));
         return -1;
     }
@@ -238,20 +239,20 @@ int fs_check_out(const fs_tensor *o, fs_tensor *const *t, const char *const *nam
         const int d = order[i];
         if (o->shape[d] == 1) continue;
         if (o->strides[d] < inner) {
-            PyErr_Format(PyExc_ValueError, "out has overlapping or negative strides %s; it must not alias itself",
+            PyErr_Format(PyExc_ValueError, "%s has overlapping or negative strides %s; it must not alias itself", on,
                          fs_shape_str(o->strides, ndim, b1, sizeof b1));
             return -1;
         }
         inner = o->strides[d] * o->shape[d];
     }
-    if (fs_check_alignment(o, "out", ndim - 1) < 0) return -1;
+    if (fs_check_alignment(o, on, ndim - 1) < 0) return -1;
     uintptr_t olo, ohi;
     fs_byte_extent(o, &olo, &ohi);
     for (int i = 0; i < n; i++) {
         uintptr_t lo, hi;
         fs_byte_extent(t[i], &lo, &hi);
         if (lo < ohi && olo < hi) {
-            PyErr_Format(PyExc_ValueError, "out overlaps %s in memory; flashsci cannot write its result over an input", names[i]);
+            PyErr_Format(PyExc_ValueError, "%s overlaps %s in memory; flashsci cannot write a result over another argument", on, names[i]);
             return -1;
         }
     }

@@ -58,6 +58,7 @@ typedef struct {
     fs_source source;
     int c_exchange;                 /* read through the DLPack C exchange table, no Python calls */
     PyObject *obj;                  /* the user's object, borrowed */
+    const char *name;               /* the argument's name, for messages (a static string) */
     DLManagedTensor *dl;            /* DLPack ownership, released by fs_tensor_release */
     DLManagedTensorVersioned *dlv;
     int has_stream;                 /* __cuda_array_interface__ v3 'stream' key */

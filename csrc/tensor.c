@@ -527,6 +527,7 @@ int fs_tensor_import(fs_state *st, PyObject *obj, const char *name, uintptr_t st
 {
     memset(t, 0, sizeof *t);
     t->obj = obj;
+    t->name = name;
     if (route == FS_ROUTE_AUTO) {
         if (PyArray_Check(obj)) return import_numpy(obj, name, allowed, t);
         if (Py_TYPE(obj) == (PyTypeObject *)st->array_type) {

@@ -164,8 +164,10 @@ def test_backward_errors():
         flashsci.linear_backward(dy, x, w, dbias=np.ones(8))
     with pytest.raises(ValueError, match="activation must be None"):
         flashsci.linear_backward(dy, x, w, preactivation=h, activation="tanh")
-    with pytest.raises(ValueError, match="out has shape"):
+    with pytest.raises(ValueError, match=r"dweight has shape \(8, 15\) but the result has shape \(8, 16\)"):
         flashsci.linear_backward(dy, x, w, dweight=np.ones((8, 15)))
+    with pytest.raises(TypeError, match="dx has dtype float32 but x has float64"):
+        flashsci.linear_backward(dy, x, w, dx=np.ones((4, 16), np.float32))
     with pytest.raises(ValueError, match=r"preactivation= is required \(the gate and up projections\)"):
         flashsci.swiglu_backward(np.ones((4, 4)), x, w)
     with pytest.raises(ValueError, match="dw_up= given but the weight is packed"):
