@@ -237,6 +237,16 @@ static int run_with_preactivation(fs_state *st, const fs_gemm_params *p, void *p
     return fs_run_activation(st, &a, arrays, 0, stream);
 }
 
+/* A torch tensor that requires grad while autograd records: refused, as the plain function records nothing. */
+static int refuse_grad(const fs_tensor *t, const char *name, const char *fname)
+{
+    if (!t->requires_grad) return 0;
+    PyErr_Format(PyExc_ValueError, "%s requires grad, but flashsci.%s does not record autograd: use "
+                 "flashsci.torch_ops.%s (differentiable), call it under torch.no_grad(), or pass %s.detach()", name, fname,
+                 fname, name);
+    return -1;
+}
+
 /* The shared body of linear() and swiglu(): w2_arg NULL for linear; packed SwiGLU when swiglu and w2_arg
  * is None. */
 static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg, PyObject *w_arg, PyObject *w2_arg,
@@ -265,17 +275,13 @@ static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg,
         PyErr_Format(PyExc_ValueError, "x must have at least 1 dimension [..., in_features], got a 0-D array");
         goto done;
     }
-    if (tx.requires_grad) {
-        PyErr_Format(PyExc_ValueError, "x requires grad, but flashsci.%s does not record autograd: use "
-                     "flashsci.torch_ops.%s (differentiable), call it under torch.no_grad(), or pass x.detach()", fname, fname);
-        goto done;
-    }
-    if (fs_check_sizes(&tx, "x") < 0) goto done;
+    if (refuse_grad(&tx, "x", fname) < 0 || fs_check_sizes(&tx, "x") < 0) goto done;
     int64_t M, ldx;
     const int64_t K = tx.shape[tx.ndim - 1];
     if (fs_as_rows(&tx, "x", &M, &ldx) < 0) goto done;
 
-    if (fs_tensor_import(st, w_arg, wname, stream, FS_ROUTE_AUTO, FS_FLOATS, &tw) < 0 || fs_check_weight(&tw, wname, &tx, K) < 0)
+    if (fs_tensor_import(st, w_arg, wname, stream, FS_ROUTE_AUTO, FS_FLOATS, &tw) < 0 || refuse_grad(&tw, wname, fname) < 0 ||
+        fs_check_weight(&tw, wname, &tx, K) < 0)
         goto done;
     int64_t N = tw.shape[0];
     if (packed) {
@@ -286,7 +292,8 @@ static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg,
         }
         N /= 2;
     } else if (swiglu) {
-        if (fs_tensor_import(st, w2_arg, "w_up", stream, FS_ROUTE_AUTO, FS_FLOATS, &tw2) < 0 || fs_check_weight(&tw2, "w_up", &tx, K) < 0)
+        if (fs_tensor_import(st, w2_arg, "w_up", stream, FS_ROUTE_AUTO, FS_FLOATS, &tw2) < 0 || refuse_grad(&tw2, "w_up", fname) < 0 ||
+            fs_check_weight(&tw2, "w_up", &tx, K) < 0)
             goto done;
         if (tw2.shape[0] != N) {
             PyErr_Format(PyExc_ValueError, "w_up has %lld rows but w_gate has %lld: they must match", (long long)tw2.shape[0],
@@ -300,7 +307,7 @@ static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg,
         (tw2.data && fs_check_alignment(&tw2, "w_up", 1) < 0))
         goto done;
     if (bias_arg != Py_None && (fs_tensor_import(st, bias_arg, "bias", stream, FS_ROUTE_AUTO, FS_FLOATS, &tb) < 0 ||
-                                check_bias(&tb, &tx, N) < 0))
+                                refuse_grad(&tb, "bias", fname) < 0 || check_bias(&tb, &tx, N) < 0))
         goto done;
 
     int64_t oshape[FS_MAX_NDIM];

@@ -219,3 +219,17 @@ def test_opcheck_linear_backward_ops():
     y, h = ops.swiglu_fwd(x.detach(), wg.detach(), wu.detach(), True)
     torch.library.opcheck(ops.swiglu_bwd, (torch.randn_like(y), x.detach(), wg.detach(), wu.detach(), h))
     torch.library.opcheck(ops.swiglu_bwd, (torch.randn_like(y), x.detach(), torch.cat([wg, wu]).detach(), None, h))
+
+
+def test_plain_linear_refuses_parameters_while_recording():
+    """flashsci.linear records no autograd: a weight, w_up or bias that requires grad is refused while autograd records
+    (a silently detached result would drop its gradient), accepted under no_grad."""
+    x, w, b = torch.randn(4, 16), torch.randn(8, 16, requires_grad=True), torch.randn(8, requires_grad=True)
+    with pytest.raises(ValueError, match="weight requires grad, but flashsci.linear does not record autograd"):
+        flashsci.linear(x, w)
+    with pytest.raises(ValueError, match="bias requires grad"):
+        flashsci.linear(x, w.detach(), b)
+    with pytest.raises(ValueError, match="w_up requires grad, but flashsci.swiglu"):
+        flashsci.swiglu(x, w.detach(), w)
+    with torch.no_grad():
+        assert flashsci.linear(x, w, b).shape == (4, 8)
