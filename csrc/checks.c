@@ -132,7 +132,8 @@ int fs_check_aux(const fs_tensor *x, const char *name, const fs_tensor *q)
 {
     char b1[32], b2[32];
     if (x->is_cuda != q->is_cuda || x->device != q->device) {
-        PyErr_Format(PyExc_ValueError, "%s is on %s but q is on %s", name, fs_device_str(x, b1, sizeof b1), fs_device_str(q, b2, sizeof b2));
+        PyErr_Format(PyExc_ValueError, "%s is on %s but %s is on %s", name, fs_device_str(x, b1, sizeof b1), q->name ? q->name : "q",
+                     fs_device_str(q, b2, sizeof b2));
         return -1;
     }
     if (fs_check_sizes(x, name) < 0) return -1;
