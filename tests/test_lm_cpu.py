@@ -1,7 +1,7 @@
 """The profiling study's transformer LM (flashsci.bench.models.lm) on the CPU in float64: naive, SDPA and flashsci
 attention give the same logits and the same gradients (the fused attention with the rotary in the kernel, and the
-fused SwiGLU without grad, against the torch formulas), to 1e-7: the rotary angles are float32 on both sides, computed
-differently."""
+fused SwiGLU forward and backward, against the torch formulas), to 1e-7: the rotary angles are float32 on both sides,
+computed differently."""
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -6,9 +6,8 @@ Attention, one of:
     naive     the study's baseline: scores = q kᵀ/√d materialised, causal mask, softmax, · v (torch ops)
     sdpa      torch's F.scaled_dot_product_attention(is_causal=True) after the rotary in torch
     flashsci  flashsci's causal attention with the rotary inside the kernel (flashsci.torch_ops.attention, forward and
-              backward); the SwiGLU's first GEMM fused (flashsci.swiglu) where autograd does not record; under autograd
-              the feed-forward runs in torch, as when the grid's training cells were recorded (flashsci.torch_ops.swiglu,
-              differentiable since, is not used here yet)
+              backward); the SwiGLU's first GEMM fused: flashsci.swiglu where autograd does not record, its
+              differentiable torch op (flashsci.torch_ops.swiglu: the backward by flashsci.swiglu_backward) where it does
 Each attention call runs inside record_function("attention") so profiles can separate its kernels.
 """
 import torch
@@ -56,7 +55,9 @@ class Block(nn.Module):
 
     def feed_forward(self, x):
         h = self.norm2(x)
-        if self.attention == "flashsci" and not (torch.is_grad_enabled() and self.up.weight.requires_grad):
+        if self.attention == "flashsci":
+            if torch.is_grad_enabled() and (h.requires_grad or self.up.weight.requires_grad):
+                return self.down(flashsci.torch_ops.swiglu(h, self.up.weight))
             return self.down(flashsci.swiglu(h, self.up.weight))
         gate, up = self.up(h).chunk(2, -1)
         return self.down(F.silu(gate) * up)
