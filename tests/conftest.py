@@ -1,4 +1,4 @@
-"""Shared test helpers: the float64 NumPy reference and GPU skipping."""
+"""Shared test helpers: the float64 NumPy reference, the GEMM kernel fixture and GPU skipping."""
 import numpy as np
 import pytest
 
@@ -23,6 +23,14 @@ def reference_attention(q, k, v, causal=False, scale=None, layout="bhsd"):
     if layout == "bshd":
         out = out.transpose(0, 2, 1, 3)
     return out, lse
+
+
+@pytest.fixture(params=["auto", "sm80"])
+def gemm_kernel(request):
+    """Each GEMM test on the dispatcher's kernel (Hopper's on an sm_90) and on the portable one forced."""
+    flashsci._flashsci._set_gemm_kernel(request.param)
+    yield request.param
+    flashsci._flashsci._set_gemm_kernel("auto")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -10,7 +10,6 @@ import flashsci
 
 torch = pytest.importorskip("torch")
 import flashsci.torch_ops  # noqa: E402,F401  (registers torch.ops.flashsci)
-from test_linear_gpu import kernel  # noqa: E402,F401  (the fixture: each test on both GEMM kernels)
 
 pytestmark = pytest.mark.gpu
 F = torch.nn.functional
@@ -46,7 +45,7 @@ def assert_within(ours, theirs, ref, what):
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("mkn", SHAPES, ids=str)
-def test_linear_grads(mkn, dtype, act, kernel):
+def test_linear_grads(mkn, dtype, act, gemm_kernel):
     m, k, n = mkn
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     w = (torch.randn(n, k, device="cuda") / math.sqrt(k)).to(dtype)
@@ -65,7 +64,7 @@ def test_linear_grads(mkn, dtype, act, kernel):
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("mkn", [(2048, 1152, 3072), (300, 136, 200), (5, 64, 24)], ids=str)
-def test_swiglu_grads(mkn, dtype, packed, kernel):
+def test_swiglu_grads(mkn, dtype, packed, gemm_kernel):
     m, k, n = mkn
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     wg, wu = ((torch.randn(n, k, device="cuda") / math.sqrt(k)).to(dtype) for _ in range(2))
@@ -84,7 +83,7 @@ def test_swiglu_grads(mkn, dtype, packed, kernel):
     assert_within(ours, theirs, ref, ("dx", "dw_gate", "dw_up"))
 
 
-def test_c_api_poisoned_outputs_and_strides(kernel):
+def test_c_api_poisoned_outputs_and_strides(gemm_kernel):
     """linear_backward into given (NaN-poisoned) arrays from strided rows; a float32 dbias; no NaN left behind."""
     m, k, n = 300, 264, 136
     xb = torch.randn(m, k + 24, device="cuda", dtype=torch.bfloat16)
@@ -108,7 +107,7 @@ def test_c_api_poisoned_outputs_and_strides(kernel):
     assert (db.double() - want_db).abs().max().item() <= 1e-3 * want_db.abs().max().item() + 1e-3
 
 
-def test_no_rows(kernel):
+def test_no_rows(gemm_kernel):
     x, w = torch.empty(0, 64, device="cuda", dtype=torch.bfloat16), torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
     h, dy = torch.empty(0, 32, device="cuda", dtype=torch.bfloat16), torch.empty(0, 32, device="cuda", dtype=torch.bfloat16)
     dw, db = torch.full_like(w, float("nan")), torch.full((32,), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -116,7 +115,7 @@ def test_no_rows(kernel):
     assert dx.shape == (0, 64) and not dw.any() and not db.any()
 
 
-def test_no_output_features(kernel):
+def test_no_output_features(gemm_kernel):
     """N = 0: dx is zeros (a sum over nothing), dweight and dbias empty."""
     x, w = torch.randn(40, 64, device="cuda", dtype=torch.bfloat16), torch.empty(0, 64, device="cuda", dtype=torch.bfloat16)
     dx = torch.full_like(x, float("nan"))

@@ -19,13 +19,6 @@ MODEL_SHAPES = [(2048, 2560, 7680, None), (2048, 2560, 10240, "gelu"), (2048, 10
          (16137, 1280, 1280, "gelu"), (256, 512, 5120, "swiglu")]   # the last: 192-wide Hopper tiles
 
 
-@pytest.fixture(params=["auto", "sm80"])
-def kernel(request):
-    flashsci._flashsci._set_gemm_kernel(request.param)
-    yield request.param
-    flashsci._flashsci._set_gemm_kernel("auto")
-
-
 def torch_act(y, act):
     if act == "relu":
         return F.relu(y)
@@ -73,7 +66,7 @@ def check(m, k, n, act=None, bias=True, dtype=torch.float16, out_dtype=None, swi
 
 
 @pytest.mark.parametrize("cfg", MODEL_SHAPES, ids=str)
-def test_model_shapes(cfg, kernel):
+def test_model_shapes(cfg, gemm_kernel):
     m, k, n, mode = cfg
     if mode == "swiglu":
         check(m, k, n, swiglu=True)
@@ -83,30 +76,30 @@ def test_model_shapes(cfg, kernel):
 
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_activations(act, dtype, kernel):
+def test_activations(act, dtype, gemm_kernel):
     check(300, 264, 328, act=act, dtype=dtype)
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_out_dtypes(out_dtype, kernel):
+def test_out_dtypes(out_dtype, gemm_kernel):
     check(200, 128, 136, act="gelu", dtype=torch.bfloat16, out_dtype=out_dtype)
 
 
 @pytest.mark.parametrize("packed", [True, False])
-def test_swiglu_tails(packed, kernel):
+def test_swiglu_tails(packed, gemm_kernel):
     check(77, 72, 200, swiglu=True, packed=packed)
 
 
-def test_bias_fp32_on_fp16(kernel):
+def test_bias_fp32_on_fp16(gemm_kernel):
     check(129, 64, 72, act="silu", bias_dtype=torch.float32)
 
 
-def test_square_8192(kernel):
+def test_square_8192(gemm_kernel):
     check(8192, 8192, 8192, bias=False)
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_fuzzed_shapes(seed, kernel):
+def test_fuzzed_shapes(seed, gemm_kernel):
     rng = random.Random(seed * 104729 + 7)
     m = rng.choice([1, 2, 7, 63, 64, 65, 127, 129, 255, 300, 777, 1500])
     k = 8 * rng.randint(1, 90)
@@ -119,7 +112,7 @@ def test_fuzzed_shapes(seed, kernel):
 
 
 @pytest.mark.parametrize("n", [200, 512])
-def test_out_with_row_stride(n, kernel):
+def test_out_with_row_stride(n, gemm_kernel):
     """out= a view with padded rows: the Hopper kernel's TMA stores follow the row stride and leave the padding."""
     x = torch.randn(300, 256, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, 256, device="cuda", dtype=torch.bfloat16) / 16
@@ -155,9 +148,9 @@ def test_dispatch_plan():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_160_wide_tiles(dtype, kernel):
+def test_160_wide_tiles(dtype, gemm_kernel):
     """M <= 256 and N near 132 x 80: the 160-wide tile (TMA stores in 32-column boxes), with tails in M, N and K."""
-    if kernel == "auto" and torch.cuda.get_device_capability() == (9, 0):
+    if gemm_kernel == "auto" and torch.cuda.get_device_capability() == (9, 0):
         assert flashsci._flashsci._gemm_plan(200, 9592, 520)["BN"] == 160
     check(200, 520, 9592, act="gelu", dtype=dtype)
     check(256, 2560, 10240, bias=False, dtype=dtype, x_pad=8)
