@@ -86,25 +86,7 @@ static int check_lse(const fs_tensor *l, const fs_tensor *q, const int64_t *lsha
 static int gradient(fs_state *st, PyObject *given, const char *name, fs_tensor *x, fs_tensor *const *inputs,
                     const char *const *names, int n, uintptr_t stream, fs_tensor *t, PyObject **obj)
 {
-    if (given) {
-        if (fs_tensor_import(st, given, name, stream, FS_ROUTE_AUTO, FS_FLOATS, t) < 0 ||
-            fs_check_out(t, inputs, names, n, x->shape, x->ndim, x->dtype) < 0)
-            return -1;
-        *obj = Py_NewRef(given);
-        return 0;
-    }
-    char *data;
-    if (!(*obj = fs_new_output(st, x, x->ndim, x->shape, x->dtype, stream, &data))) return -1;
-    t->data = data;
-    t->ndim = x->ndim;
-    t->dtype = x->dtype;
-    memcpy(t->shape, x->shape, sizeof(int64_t) * x->ndim);
-    int64_t compact = 1;
-    for (int i = x->ndim - 1; i >= 0; i--) {
-        t->strides[i] = compact;
-        compact *= x->shape[i];
-    }
-    return 0;
+    return fs_output_array(st, given, name, x, x->ndim, x->shape, x->dtype, inputs, names, n, stream, t, obj);
 }
 
 /* dbias in the bias's own shape and dtype (contiguous), and its dims and strides right-aligned to (B, H, Sq, Sk). */

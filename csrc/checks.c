@@ -193,6 +193,36 @@ PyObject *fs_new_output(fs_state *st, const fs_tensor *q, int ndim, const int64_
 }
 
 
+/* A result array: the caller's (given non-NULL: imported as name and checked by fs_check_out against the n inputs)
+ * or a new contiguous one like q; described in *t as an imported array would be, a new reference in *obj. */
+int fs_output_array(fs_state *st, PyObject *given, const char *name, const fs_tensor *q, int ndim, const int64_t *shape,
+                    fs_dtype dtype, fs_tensor *const *inputs, const char *const *names, int n, uintptr_t stream,
+                    fs_tensor *t, PyObject **obj)
+{
+    if (given) {
+        if (fs_tensor_import(st, given, name, stream, FS_ROUTE_AUTO, FS_FLOATS, t) < 0 ||
+            fs_check_out(t, inputs, names, n, shape, ndim, dtype) < 0)
+            return -1;
+        *obj = Py_NewRef(given);
+        return 0;
+    }
+    char *data;
+    if (!(*obj = fs_new_output(st, q, ndim, shape, dtype, stream, &data))) return -1;
+    t->data = data;
+    t->name = name;
+    t->ndim = ndim;
+    t->dtype = dtype;
+    t->is_cuda = q->is_cuda;
+    t->device = q->device;
+    int64_t compact = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        t->shape[d] = shape[d];
+        t->strides[d] = compact;
+        compact *= shape[d];
+    }
+    return 0;
+}
+
 /* out=: shape, dtype, device, writability, layout, alignment and no overlap with the n inputs t (named by
  * names; t[0] names the device and, for the dtype message, the input the result's dtype comes from). */
 int fs_check_out(const fs_tensor *o, fs_tensor *const *t, const char *const *names, int n, const int64_t *shape,

@@ -124,6 +124,9 @@ int fs_check_rotary(int on, int64_t D);
 extern const char *const fs_qkv_names[3];
 int fs_check_out(const fs_tensor *o, fs_tensor *const *t, const char *const *names, int n, const int64_t *shape,
                  int ndim, fs_dtype dtype);
+int fs_output_array(fs_state *st, PyObject *given, const char *name, const fs_tensor *q, int ndim, const int64_t *shape,
+                    fs_dtype dtype, fs_tensor *const *inputs, const char *const *names, int n, uintptr_t stream,
+                    fs_tensor *t, PyObject **obj);
 typedef struct { PyObject *table; int buckets, max_distance, bidirectional; } fs_t5_args;
 int fs_parse_t5(PyObject *t5, fs_t5_args *a);
 int fs_check_t5(const fs_tensor *x, const fs_tensor *q, const fs_t5_args *a, fs_attn_params *p);
@@ -167,6 +170,7 @@ PyObject *fs_swiglu(PyObject *module, PyObject *args, PyObject *kwargs);
 int fs_parse_activation(PyObject *obj, fs_activation *act);
 /* A [..., cols] tensor's leading dims as rows: their count and one row stride (ValueError if they do not collapse). */
 int fs_as_rows(const fs_tensor *t, const char *name, int64_t *rows, int64_t *ld);
+int fs_check_like_x(const fs_tensor *t, const char *name, const fs_tensor *x); /* x's dtype and device */
 int fs_check_weight(const fs_tensor *w, const char *name, const fs_tensor *x, int64_t K);
 int fs_check_linear_device(const fs_tensor *x, fs_dtype out_dtype, int64_t N, int64_t K);
 int fs_run_gemm(fs_state *st, const fs_gemm_params *p, fs_tensor *const *arrays, int n, uintptr_t stream);

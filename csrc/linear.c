@@ -115,26 +115,33 @@ int fs_as_rows(const fs_tensor *t, const char *name, int64_t *rows, int64_t *ld)
     return 0;
 }
 
+/* t has x's dtype and is on x's device. */
+int fs_check_like_x(const fs_tensor *t, const char *name, const fs_tensor *x)
+{
+    char b1[32], b2[32];
+    if (t->dtype != x->dtype) {
+        PyErr_Format(PyExc_TypeError, "%s has dtype %s but x has %s: they must match", name, fs_dtype_name(t->dtype),
+                     fs_dtype_name(x->dtype));
+        return -1;
+    }
+    if (t->is_cuda != x->is_cuda || t->device != x->device) {
+        PyErr_Format(PyExc_ValueError, "%s is on %s but x is on %s", name, fs_device_str(t, b1, sizeof b1),
+                     fs_device_str(x, b2, sizeof b2));
+        return -1;
+    }
+    return 0;
+}
+
 /* A weight: 2-D [rows, K] of x's dtype and device, contiguous rows (alignment is checked later). */
 int fs_check_weight(const fs_tensor *w, const char *name, const fs_tensor *x, int64_t K)
 {
-    char b1[160], b2[32], b3[32];
+    char b1[160];
     if (w->ndim != 2) {
         PyErr_Format(PyExc_ValueError, "%s must be 2-D (out_features, in_features) as nn.Linear stores it, got %d-D shape %s",
                      name, w->ndim, fs_shape_str(w->shape, w->ndim, b1, sizeof b1));
         return -1;
     }
-    if (w->dtype != x->dtype) {
-        PyErr_Format(PyExc_TypeError, "%s has dtype %s but x has %s: they must match", name, fs_dtype_name(w->dtype),
-                     fs_dtype_name(x->dtype));
-        return -1;
-    }
-    if (w->is_cuda != x->is_cuda || w->device != x->device) {
-        PyErr_Format(PyExc_ValueError, "%s is on %s but x is on %s", name, fs_device_str(w, b2, sizeof b2),
-                     fs_device_str(x, b3, sizeof b3));
-        return -1;
-    }
-    if (fs_check_sizes(w, name) < 0) return -1;
+    if (fs_check_like_x(w, name, x) < 0 || fs_check_sizes(w, name) < 0) return -1;
     if (w->shape[1] != K) {
         PyErr_Format(PyExc_ValueError, "%s has in_features %lld but x has %lld features (x [..., K] against %s [N, K])", name,
                      (long long)w->shape[1], (long long)K, name);

@@ -17,69 +17,50 @@ typedef struct {
     uintptr_t stream;
 } grad_call;
 
-/* dy or the pre-activation: x's dtype and device, x's leading dims, then cols. */
-static int check_like_x(const fs_tensor *t, const char *name, const fs_tensor *x, int64_t cols, int64_t *ld)
+/* dy or the pre-activation: x's dtype and device, x's leading dims, then cols; its row stride into *ld. */
+static int check_rows_like_x(const fs_tensor *t, const char *name, const fs_tensor *x, int64_t cols, int64_t *ld)
 {
     char b1[160], b2[160];
     int64_t shape[FS_MAX_NDIM], rows;
     memcpy(shape, x->shape, sizeof(int64_t) * x->ndim);
     shape[x->ndim - 1] = cols;
-    if (t->dtype != x->dtype) {
-        PyErr_Format(PyExc_TypeError, "%s has dtype %s but x has %s: they must match", name, fs_dtype_name(t->dtype),
-                     fs_dtype_name(x->dtype));
-        return -1;
-    }
-    if (t->is_cuda != x->is_cuda || t->device != x->device) {
-        PyErr_Format(PyExc_ValueError, "%s is on %s but x is on %s", name, fs_device_str(t, b1, sizeof b1), fs_device_str(x, b2, sizeof b2));
-        return -1;
-    }
+    if (fs_check_like_x(t, name, x) < 0) return -1;
     if (t->ndim != x->ndim || memcmp(t->shape, shape, sizeof(int64_t) * x->ndim)) {
         PyErr_Format(PyExc_ValueError, "%s has shape %s but must be %s (x's leading dims, then %lld)", name,
                      fs_shape_str(t->shape, t->ndim, b1, sizeof b1), fs_shape_str(shape, x->ndim, b2, sizeof b2), (long long)cols);
         return -1;
     }
-    return fs_check_sizes(t, name) < 0 || fs_as_rows(t, name, &rows, ld) < 0 || fs_check_alignment(t, name, t->ndim - 1) < 0 ? -1 : 0;
+    return fs_check_sizes(t, name) < 0 || fs_as_rows(t, name, &rows, ld) < 0 || fs_check_alignment(t, name, t->ndim - 1) < 0
+               ? -1 : 0;
 }
 
-/* A gradient into slot i: the caller's array (checked like out=) or a new contiguous one of shape and dtype. */
+/* A gradient into slot i: the caller's array (checked like out=; with f32_ok, float32 is accepted too) or a new
+ * contiguous one of shape and dtype; its row stride into c->ld[i]. */
 static int gradient(fs_state *st, grad_call *c, int i, PyObject *given, const char *name, int ndim, const int64_t *shape,
-                    fs_dtype dtype)
+                    fs_dtype dtype, int f32_ok)
 {
     fs_tensor *t = &c->t[i];
-    if (given != Py_None) {
-        /* no overlap with an input or with a gradient already placed */
-        static const char *const slot_names[T_COUNT] = {"dy", "x", "weight", "w_up", "preactivation", "dx", "dweight",
-                                                        "dw_up", "dbias"};
-        fs_tensor *inputs[T_COUNT] = {&c->t[T_X]};
-        const char *names[T_COUNT] = {"x"};
-        int n = 1;
-        for (int j = 0; j < T_COUNT; j++)
-            if (j != T_X && j != i && c->t[j].data) {
-                inputs[n] = &c->t[j];
-                names[n++] = slot_names[j];
-            }
-        int64_t rows;
-        if (fs_tensor_import(st, given, name, c->stream, FS_ROUTE_AUTO, FS_FLOATS, t) < 0 ||
-            fs_check_out(t, inputs, names, n, shape, ndim, dtype) < 0 || fs_as_rows(t, name, &rows, &c->ld[i]) < 0 ||
-            fs_check_alignment(t, name, ndim - 1) < 0)
+    int64_t rows;
+    if (given == Py_None) {
+        if (fs_output_array(st, NULL, name, &c->t[T_X], ndim, shape, dtype, NULL, NULL, 0, c->stream, t, &c->obj[i]) < 0)
             return -1;
-        c->obj[i] = Py_NewRef(given);
-        return 0;
+        return fs_as_rows(t, name, &rows, &c->ld[i]);
     }
-    char *data;
-    if (!(c->obj[i] = fs_new_output(st, &c->t[T_X], ndim, shape, dtype, c->stream, &data))) return -1;
-    t->data = data;
-    t->ndim = ndim;
-    t->dtype = dtype;
-    t->is_cuda = c->t[T_X].is_cuda;
-    t->device = c->t[T_X].device;
-    int64_t compact = 1;
-    for (int d = ndim - 1; d >= 0; d--) {
-        t->shape[d] = shape[d];
-        t->strides[d] = compact;
-        compact *= shape[d];
-    }
-    c->ld[i] = shape[ndim - 1];
+    /* no overlap with an input or with a gradient already placed */
+    static const char *const slot_names[T_COUNT] = {"dy", "x", "weight", "w_up", "preactivation", "dx", "dweight", "dw_up",
+                                                    "dbias"};
+    fs_tensor *inputs[T_COUNT] = {&c->t[T_X]};
+    const char *names[T_COUNT] = {"x"};
+    int n = 1;
+    for (int j = 0; j < T_COUNT; j++)
+        if (j != T_X && j != i && c->t[j].data) {
+            inputs[n] = &c->t[j];
+            names[n++] = slot_names[j];
+        }
+    if (fs_tensor_import(st, given, name, c->stream, FS_ROUTE_AUTO, FS_FLOATS, t) < 0) return -1;
+    if (f32_ok && t->dtype == FS_F32) dtype = FS_F32;
+    if (fs_check_out(t, inputs, names, n, shape, ndim, dtype) < 0 || fs_as_rows(t, name, &rows, &c->ld[i]) < 0) return -1;
+    c->obj[i] = Py_NewRef(given);
     return 0;
 }
 
@@ -128,7 +109,7 @@ static int import_inputs(fs_state *st, grad_call *c, PyObject *dy_arg, PyObject 
     }
     if (fs_check_linear_device(x, x->dtype, c->N, c->K) < 0) return -1;
     return fs_tensor_import(st, dy_arg, "dy", c->stream, FS_ROUTE_AUTO, FS_FLOATS, &c->t[T_DY]) < 0 ||
-           check_like_x(&c->t[T_DY], "dy", x, c->N, &c->ld[T_DY]) < 0 ? -1 : 0;
+           check_rows_like_x(&c->t[T_DY], "dy", x, c->N, &c->ld[T_DY]) < 0 ? -1 : 0;
 }
 
 /* The pre-activation (cols per row) or, when pre_arg is None and required, a ValueError naming why. */
@@ -141,7 +122,7 @@ static int import_preactivation(fs_state *st, grad_call *c, PyObject *pre_arg, i
         return -1;
     }
     return fs_tensor_import(st, pre_arg, "preactivation", c->stream, FS_ROUTE_AUTO, FS_FLOATS, &c->t[T_PRE]) < 0 ||
-           check_like_x(&c->t[T_PRE], "preactivation", &c->t[T_X], cols, &c->ld[T_PRE]) < 0 ? -1 : 0;
+           check_rows_like_x(&c->t[T_PRE], "preactivation", &c->t[T_X], cols, &c->ld[T_PRE]) < 0 ? -1 : 0;
 }
 
 /* A scratch array of rows x cols in x's dtype on x's device: its data in *data, a new reference in *obj. */
@@ -238,23 +219,10 @@ PyObject *fs_linear_backward(PyObject *module, PyObject *args, PyObject *kwargs)
     const fs_tensor *x = &c.t[T_X];
     const fs_dtype dt = x->dtype;
     const int64_t wshape[2] = {c.N, c.K};
-    if (gradient(st, &c, T_DX, dx_arg, "dx", x->ndim, x->shape, dt) < 0 || gradient(st, &c, T_DW, dw_arg, "dweight", 2, wshape, dt) < 0)
+    if (gradient(st, &c, T_DX, dx_arg, "dx", x->ndim, x->shape, dt, 0) < 0 ||
+        gradient(st, &c, T_DW, dw_arg, "dweight", 2, wshape, dt, 0) < 0 ||
+        (bias_grad && gradient(st, &c, T_DB, db_arg, "dbias", 1, wshape, dt, 1) < 0))
         goto done;
-    if (bias_grad) {
-        fs_dtype db_dt = dt;
-        if (db_arg != Py_None) { /* the caller's dbias may also be float32 */
-            fs_tensor probe;
-            memset(&probe, 0, sizeof probe);
-            if (fs_tensor_import(st, db_arg, "dbias", c.stream, FS_ROUTE_AUTO, FS_FLOATS, &probe) < 0) goto done;
-            if (probe.dtype == FS_F32) db_dt = FS_F32;
-            fs_tensor_release(&probe);
-        }
-        if (gradient(st, &c, T_DB, db_arg, "dbias", 1, wshape, db_dt) < 0) goto done;
-        if (c.t[T_DB].shape[0] > 1 && c.t[T_DB].strides[0] != 1 && db_arg != Py_None) {
-            PyErr_SetString(PyExc_ValueError, "dbias must be contiguous");
-            goto done;
-        }
-    }
     fs_tensor *all[T_COUNT];
     for (int i = 0; i < T_COUNT; i++) all[i] = &c.t[i];
     if (x->is_cuda && fs_wait_producers(all, T_COUNT, c.stream) < 0) goto done;
@@ -317,8 +285,9 @@ PyObject *fs_swiglu_backward(PyObject *module, PyObject *args, PyObject *kwargs)
     const fs_tensor *x = &c.t[T_X];
     const fs_dtype dt = x->dtype;
     const int64_t wshape[2] = {packed ? 2 * c.N : c.N, c.K};
-    if (gradient(st, &c, T_DX, dx_arg, "dx", x->ndim, x->shape, dt) < 0 || gradient(st, &c, T_DW, dwg_arg, "dw_gate", 2, wshape, dt) < 0 ||
-        (!packed && gradient(st, &c, T_DW2, dwu_arg, "dw_up", 2, wshape, dt) < 0))
+    if (gradient(st, &c, T_DX, dx_arg, "dx", x->ndim, x->shape, dt, 0) < 0 ||
+        gradient(st, &c, T_DW, dwg_arg, "dw_gate", 2, wshape, dt, 0) < 0 ||
+        (!packed && gradient(st, &c, T_DW2, dwu_arg, "dw_up", 2, wshape, dt, 0) < 0))
         goto done;
     fs_tensor *all[T_COUNT];
     for (int i = 0; i < T_COUNT; i++) all[i] = &c.t[i];

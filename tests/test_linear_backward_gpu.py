@@ -10,19 +10,14 @@ import flashsci
 
 torch = pytest.importorskip("torch")
 import flashsci.torch_ops  # noqa: E402,F401  (registers torch.ops.flashsci)
+from test_linear_gpu import ACTS, torch_act  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 F = torch.nn.functional
 ops = torch.ops.flashsci
 
-ACTS = [None, "relu", "gelu", "gelu_tanh", "silu"]
 # (M, K, N): ESM2-3B FFN (trimmed in M), ESM2-650M, ESM-C-600M SwiGLU, tails in every dimension
 SHAPES = [(1024, 2560, 10240), (2048, 10240, 2560), (777, 1280, 5120), (100, 200, 136), (3, 64, 8), (130, 72, 264)]
-
-
-def torch_act(y, act):
-    return {"relu": F.relu, "gelu": F.gelu, "silu": F.silu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"),
-            None: lambda v: v}[act](y)
 
 
 def grads(fn, inputs, dy):

@@ -199,9 +199,9 @@ def test_gradcheck_swiglu(packed):
 
 def test_linear_keeps_preactivation_only_when_recording():
     x, w = torch.randn(4, 16), torch.randn(8, 16, requires_grad=True)
-    assert ops.linear_fwd(x, w, None, "gelu", flashsci.torch_ops._keeps_graph(x, w))[1].shape == (4, 8)
+    assert ops.linear_fwd(x, w, None, "gelu", flashsci.torch_ops.needs_grad(x, w))[1].shape == (4, 8)
     with torch.no_grad():
-        assert ops.linear_fwd(x, w, None, "gelu", flashsci.torch_ops._keeps_graph(x, w))[1].numel() == 0
+        assert ops.linear_fwd(x, w, None, "gelu", flashsci.torch_ops.needs_grad(x, w))[1].numel() == 0
     # a float32 bias gets a float32 gradient from bfloat16 inputs
     xb, wb, bb = torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(8, requires_grad=True)
     ops.linear(xb, wb, bb, "silu").float().sum().backward()

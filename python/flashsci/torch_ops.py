@@ -241,8 +241,9 @@ torch.library.impl("flashsci::attention_varlen", "CompositeImplicitAutograd", at
 
 # ---------------------------------------------------------------------------------------------------------- linear
 
-def _keeps_graph(*tensors):
-    """Whether autograd records a call on these tensors (then the forward keeps what its backward needs)."""
+def needs_grad(*tensors):
+    """Whether autograd records a call on these tensors (None entries ignored): then a forward keeps what its backward
+    needs, and the integrations take the differentiable ops."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
@@ -305,7 +306,7 @@ torch.library.register_autograd("flashsci::linear_fwd", _linear_backward, setup_
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None) -> Tensor:
     """act(x @ weight.T + bias) by flashsci.linear, differentiable in x, weight and bias."""
-    return linear_fwd(x, weight, bias, activation, _keeps_graph(x, weight, bias))[0]
+    return linear_fwd(x, weight, bias, activation, needs_grad(x, weight, bias))[0]
 
 
 @torch.library.custom_op("flashsci::swiglu_fwd", mutates_args=())
@@ -359,7 +360,7 @@ torch.library.register_autograd("flashsci::swiglu_fwd", _swiglu_backward, setup_
 
 def swiglu(x: Tensor, w_gate: Tensor, w_up: Optional[Tensor] = None) -> Tensor:
     """silu(x @ w_gate.T) * (x @ w_up.T) by flashsci.swiglu (or a packed [2N, K] w_gate), differentiable."""
-    return swiglu_fwd(x, w_gate, w_up, _keeps_graph(x, w_gate, w_up))[0]
+    return swiglu_fwd(x, w_gate, w_up, needs_grad(x, w_gate, w_up))[0]
 
 
 torch.library.define("flashsci::linear", "(Tensor x, Tensor weight, Tensor? bias=None, str? activation=None) -> Tensor")

@@ -3,6 +3,7 @@ into one GEMM, and pick between direct C calls and torch ops (the latter while t
 import torch
 
 from .. import _flashsci, torch_ops  # noqa: F401  (torch_ops registers torch.ops.flashsci)
+from ..torch_ops import needs_grad
 
 
 class Packed:
@@ -97,11 +98,6 @@ def packed_linear(linears):
 # flashsci.linear's activations as torch functions, for adapters and for CPU tensors under autograd
 TORCH_ACTIVATIONS = {None: lambda x: x, "relu": torch.relu, "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
                      "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}
-
-
-def needs_grad(*tensors):
-    """Whether autograd records a call on these tensors (None entries ignored)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def fused_backward(x):

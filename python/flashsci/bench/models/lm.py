@@ -56,7 +56,7 @@ class Block(nn.Module):
     def feed_forward(self, x):
         h = self.norm2(x)
         if self.attention == "flashsci":
-            if torch.is_grad_enabled() and (h.requires_grad or self.up.weight.requires_grad):
+            if flashsci.torch_ops.needs_grad(h, self.up.weight):
                 return self.down(flashsci.torch_ops.swiglu(h, self.up.weight))
             return self.down(flashsci.swiglu(h, self.up.weight))
         gate, up = self.up(h).chunk(2, -1)
