@@ -2,8 +2,8 @@
 into one GEMM, and pick between direct C calls and torch ops (the latter while torch.compile traces)."""
 import torch
 
-from .. import _flashsci, torch_ops  # noqa: F401  (torch_ops registers torch.ops.flashsci)
-from ..torch_ops import needs_grad
+from .. import _flashsci
+from ..torch_ops import needs_grad  # importing torch_ops registers torch.ops.flashsci
 
 
 class Packed:
