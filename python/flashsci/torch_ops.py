@@ -247,13 +247,19 @@ def needs_grad(*tensors):
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _keeps_h(activation, keep_preactivation):
+    """Whether linear_fwd returns the pre-activation: asked for, and an activation other than relu (whose derivative
+    its output gives)."""
+    return keep_preactivation and activation not in (None, "relu")
+
+
 @torch.library.custom_op("flashsci::linear_fwd", mutates_args=())
 def linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None,
                keep_preactivation: bool = False) -> tuple[Tensor, Tensor]:
-    """flashsci.linear as a torch op: (y, h), h = x @ weight.T + bias when kept for the backward (an activation other
-    than relu, whose derivative y gives, and autograd recording), else empty."""
+    """flashsci.linear as a torch op: (y, h), h = x @ weight.T + bias when kept for the backward (_keeps_h), else
+    empty."""
     x, weight, bias = x.detach(), weight.detach(), _plain(bias)
-    if not (keep_preactivation and activation not in (None, "relu")):
+    if not _keeps_h(activation, keep_preactivation):
         return _flashsci.linear(x, weight, bias, activation=activation), x.new_empty(0)
     h = x.new_empty((*x.shape[:-1], weight.shape[0]))
     return _flashsci.linear(x, weight, bias, activation=activation, preactivation=h), h
@@ -263,7 +269,7 @@ def linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activat
 def _linear_fwd_fake(x, weight, bias=None, activation=None, keep_preactivation=False):
     """Shapes of flashsci::linear_fwd: y [..., N]; h like y when kept, else empty."""
     y = x.new_empty((*x.shape[:-1], weight.shape[0]))
-    return y, (torch.empty_like(y) if keep_preactivation and activation not in (None, "relu") else x.new_empty(0))
+    return y, (torch.empty_like(y) if _keeps_h(activation, keep_preactivation) else x.new_empty(0))
 
 
 @torch.library.custom_op("flashsci::linear_bwd", mutates_args=())
