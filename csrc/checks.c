@@ -112,8 +112,12 @@ int fs_check_alignment(const fs_tensor *t, const char *name, int dims_are_rows)
     const uintptr_t item = fs_dtype_itemsize(t->dtype), need = t->is_cuda ? 16 : item;
     if (fs_numel(t) == 0) return 0;
     if ((uintptr_t)t->data % need) {
-        PyErr_Format(PyExc_ValueError, "%s: data pointer %p is not %zu-byte aligned (%s needs %zu-byte alignment)", name,
-                     t->data, (size_t)need, t->is_cuda ? "the CUDA kernels' 16-byte loads" : fs_dtype_name(t->dtype), (size_t)need);
+        if (t->is_cuda)
+            PyErr_Format(PyExc_ValueError, "%s: data pointer %p is not 16-byte aligned (the CUDA kernels load 16-byte "
+                         "vectors)", name, t->data);
+        else
+            PyErr_Format(PyExc_ValueError, "%s: data pointer %p is not %zu-byte aligned (%s needs %zu-byte alignment)",
+                         name, t->data, (size_t)need, fs_dtype_name(t->dtype), (size_t)need);
         return -1;
     }
     for (int i = 0; t->is_cuda && i < dims_are_rows; i++) {

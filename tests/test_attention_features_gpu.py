@@ -631,3 +631,10 @@ def test_head_dims_without_own_kernel(d):
     flashsci.attention_varlen(pq, pk, pv, cu, cu, max(lengths), max(lengths), causal=True, rotary=True, out=out)
     ref, theirs = varlen_reference(pq, pk, pv, cu, cu, True, sc, rotary=True)
     assert_close(out, ref, theirs, f"d={d} varlen rotary")
+    # rows wider than the head (views 8 columns in) and 3 heads (a partial group of the copies' heads)
+    q, k, v = (rand(1, 3, 130, d + 8, dtype=dtype)[..., 8:] for _ in range(3))
+    out = poisoned(q)
+    flashsci.attention(q, k, v, rotary=True, causal=True, out=out)
+    keep = causal_keep(130, 130)
+    ref = ref64(esm_rotary(q.double() * sc), esm_rotary(k.double()), v, 1.0, keep)[0]
+    assert_close(out, ref, torch_lowp(esm_rotary(q * sc), esm_rotary(k), v, 1.0, keep), f"d={d} unaligned rotary")

@@ -2,9 +2,10 @@
  * 256): q, k, v (and dO) are copied into zero-padded rows of the next native size Dp, rotated on the way when the
  * problem uses rotary (over the true D: pairs (c, c + D/2), inv_freq of D), the kernels run at Dp, and the outputs come
  * back through the same copy: the first D columns, the gradients of rotated inputs rotated back (the transpose), dQ
- * from its float32 accumulator scaled by the softmax scale. Zero columns change no score and no output column. One
- * thread per 8-column chunk (16-byte loads and stores; a thread per element ran 4x slower than the attention kernel
- * it fed at (4, 32, 2048, 80)), each element's rotation partner read beside it; memory-bound.
+ * from its float32 accumulator scaled by the softmax scale. Zero columns change no score and no output column. A
+ * thread owns a pair of 8-column chunks (x1, its rotation partner x2; 4 columns where D / 2 is not a multiple of 8) or
+ * one chunk past the rotation, of one row and FS_HC_HEADS heads: vector loads and stores, the pair's angles computed
+ * once from a shared inv_freq table for all its heads; memory-bound. Versions: docs/notes/rotary.md.
  *
  * Build: part of the extension; alone: nvcc -O3 -std=c++17 -gencode=arch=compute_80,code=sm_80 -Ikernels -c kernels/attention/head_copy.cu
  * Run:   pytest tests/test_attention_gpu.py -k head_dim; pytest tests/test_attention_backward_gpu.py -k head_dim
@@ -18,94 +19,120 @@
 #include "attention/sequence.cuh"
 #include "common/launch.cuh"
 
-/* Element j of row (b, i), head h of the source, as float. */
-template <typename T>
-FS_DEV_T float src_at(const fs_head_copy &c, int b, int i, int h, int j)
+#define FS_HC_THREADS 256
+#define FS_HC_HEADS 2 /* heads per thread */
+
+/* W columns of a source of element type S, as loaded (packed pairs of T, or float bits). */
+template <typename S, int W> struct src_chunk {
+    uint32_t w[W * sizeof(S) / 4];
+};
+
+/* Columns j0 .. j0 + W - 1 of the source at element offset at, by vector loads (j0 < D_src). */
+template <typename S, int W> FS_DEV_T void load_chunk(const fs_head_copy &c, int64_t at, int j0, src_chunk<S, W> &x)
 {
-    const int64_t at = b * c.s_sb + h * c.s_sh + (int64_t)i * c.s_ss + j;
-    return c.src_f32 ? static_cast<const float *>(c.src)[at] : (float)static_cast<const T *>(c.src)[at];
+    const S *p = static_cast<const S *>(c.src) + at + j0;
+    constexpr int bytes = W * sizeof(S); /* 8, 16 or 32 */
+    if constexpr (bytes == 8) *reinterpret_cast<uint2 *>(x.w) = __ldg(reinterpret_cast<const uint2 *>(p));
+    else
+#pragma unroll
+        for (int e = 0; e < bytes; e += 16)
+            *reinterpret_cast<uint4 *>(x.w + e / 4) = __ldg(reinterpret_cast<const uint4 *>(reinterpret_cast<const char *>(p) + e));
 }
 
-/* Columns j0 .. j0 + 7 of row (b, i), head h of the source (D_src % 8 == 0: all inside or all past it, zeros), as
- * float: 16-byte loads where the copy is aligned (vec), else element by element. */
-template <typename T>
-FS_DEV_T void src_chunk(const fs_head_copy &c, bool vec, int b, int i, int h, int j0, float (&x)[8])
+/* Elements e, e + 1 of a chunk as floats. */
+template <typename T, typename S, int W> FS_DEV_T float2 chunk_pair(const src_chunk<S, W> &x, int e)
 {
-    if (j0 >= c.D_src) {
+    if constexpr (sizeof(S) == 4) return make_float2(__uint_as_float(x.w[e]), __uint_as_float(x.w[e + 1]));
+    else return unpack2<T>(x.w[e / 2]);
+}
+
+/* W columns (packed pairs, already scaled) to columns j0 .. of the destination at element offset at: one vector store. */
+template <typename T, int W> FS_DEV_T void store_chunk(const fs_head_copy &c, int64_t at, int j0, const uint32_t (&w)[W / 2])
+{
+    T *p = static_cast<T *>(c.dst) + at + j0;
+    if (W == 8) *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(w);
+    else *reinterpret_cast<uint2 *>(p) = *reinterpret_cast<const uint2 *>(w);
+}
+
+/* A row's units: rd / 2W pairs of W-column chunks (x1 at j, x2 at j + rd / 2: turned together, their W angles computed
+ * once), then (D_dst - rd) / W chunks copied (zeros past D_src). One thread per (row, unit) and FS_HC_HEADS heads, every
+ * head's loads in flight (packed, as loaded) before the arithmetic; a block holds whole rows of one head group (groups
+ * fastest). S: the source's element type (T, or float for dQ's accumulator). */
+template <typename T, typename S, int W>
+__global__ void __launch_bounds__(FS_HC_THREADS) head_copy(const fs_head_copy c)
+{
+    __shared__ float s_freq[128];
+    const int half = c.rd / 2, pairs = half / W, units = pairs + (c.D_dst - c.rd) / W, rows_per_block = FS_HC_THREADS / units;
+    for (int i = threadIdx.x; i < half; i += FS_HC_THREADS) s_freq[i] = rotary_inv_freq(i, c.rd, c.base);
+    __syncthreads();
+
+    const int groups = (c.H + FS_HC_HEADS - 1) / FS_HC_HEADS, h0 = blockIdx.x % groups * FS_HC_HEADS;
+    const long long r = (long long)(blockIdx.x / groups) * rows_per_block + threadIdx.x / units;
+    if (threadIdx.x >= rows_per_block * units || r >= (long long)c.nb * c.S) return;
+    const int u = threadIdx.x % units, b = (int)(r / c.S), i = (int)(r % c.S);
+    const int j0 = u < pairs ? u * W : c.rd + (u - pairs) * W;
+    const int64_t src0 = b * c.s_sb + (int64_t)i * c.s_ss, dst0 = b * c.d_sb + (int64_t)i * c.d_ss;
+    const int nh = min(FS_HC_HEADS, c.H - h0);
+    uint32_t o1[W / 2], o2[W / 2];
+    if (u >= pairs && j0 >= c.D_src) { /* zero columns */
 #pragma unroll
-        for (int e = 0; e < 8; e++) x[e] = 0.f;
+        for (int e = 0; e < W / 2; e++) o1[e] = 0u;
+#pragma unroll
+        for (int k = 0; k < FS_HC_HEADS; k++)
+            if (k < nh) store_chunk<T, W>(c, dst0 + (h0 + k) * c.d_sh, j0, o1);
         return;
     }
-    const int64_t at = b * c.s_sb + h * c.s_sh + (int64_t)i * c.s_ss + j0;
-    if (vec && c.src_f32) {
-        const float4 *p = reinterpret_cast<const float4 *>(static_cast<const float *>(c.src) + at);
-        const float4 u = __ldg(p), w = __ldg(p + 1);
-        x[0] = u.x; x[1] = u.y; x[2] = u.z; x[3] = u.w; x[4] = w.x; x[5] = w.y; x[6] = w.z; x[7] = w.w;
-    } else if (vec) {
-        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(static_cast<const T *>(c.src) + at));
-        const uint32_t *w = reinterpret_cast<const uint32_t *>(&u);
+    src_chunk<S, W> x1[FS_HC_HEADS], x2[FS_HC_HEADS];
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const float2 f = unpack2<T>(w[e]);
-            x[2 * e] = f.x;
-            x[2 * e + 1] = f.y;
+    for (int k = 0; k < FS_HC_HEADS; k++)
+        if (k < nh) {
+            load_chunk<S, W>(c, src0 + (h0 + k) * c.s_sh, j0, x1[k]);
+            if (u < pairs) load_chunk<S, W>(c, src0 + (h0 + k) * c.s_sh, j0 + half, x2[k]);
         }
-    } else {
-#pragma unroll
-        for (int e = 0; e < 8; e++) x[e] = src_at<T>(c, b, i, h, j0 + e);
-    }
-}
-
-/* One thread per 8-column chunk of an output row (row, head, chunk; chunks fastest), 256 threads a block; the rotation
- * partner of each element read beside it (the chunk at j ± rd/2 is in the same row, cached). */
-template <typename T>
-__global__ void __launch_bounds__(256) head_copy(const fs_head_copy c, int vec)
-{
-    const int chunks = c.D_dst / 8;
-    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (long long)c.nb * c.S * c.H * chunks) return;
-    const int j0 = (int)(t % chunks) * 8;
-    const long long rh = t / chunks;
-    const int h = (int)(rh % c.H);
-    const long long r = rh / c.H;
-    const int b = (int)(r / c.S), i = (int)(r % c.S);
-    float x[8];
-    src_chunk<T>(c, vec, b, i, h, j0, x);
-    if (c.rd > 0 && j0 < c.rd) {
-        const int half = c.rd / 2;
+    if (u < pairs) {
+        /* x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin at angle pos * inv_freq_j (inverse: sin -> -sin) */
         const int pos = c.cu ? i - __ldg(c.cu + packed_sequence(c.cu, c.n_seq, i)) : i;
+        float cs[W], sn[W];
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
-            const int j = j0 + e, k = j < half ? j : j - half;
-            if (j >= c.rd) break;
-            const float y = src_at<T>(c, b, i, h, j < half ? j + half : j - half); /* the partner */
-            float s, co;
-            sincos_reduced((float)pos * rotary_inv_freq(k, c.rd, c.base), &s, &co);
-            if (c.inverse) s = -s;
-            /* x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin (inverse: sin -> -sin) */
-            x[e] = j < half ? x[e] * co - y * s : x[e] * co + y * s;
+        for (int e = 0; e < W; e++) {
+            sincos_reduced((float)pos * s_freq[j0 + e], &sn[e], &cs[e]);
+            if (c.inverse) sn[e] = -sn[e];
         }
-    }
-    T *dst = static_cast<T *>(c.dst) + b * c.d_sb + h * c.d_sh + (int64_t)i * c.d_ss + j0;
-    if (vec) {
-        uint4 u;
-        uint32_t *w = reinterpret_cast<uint32_t *>(&u);
 #pragma unroll
-        for (int e = 0; e < 4; e++) w[e] = pack2<T>(x[2 * e] * c.scale, x[2 * e + 1] * c.scale);
-        *reinterpret_cast<uint4 *>(dst) = u;
-    } else {
+        for (int k = 0; k < FS_HC_HEADS; k++)
+            if (k < nh) {
 #pragma unroll
-        for (int e = 0; e < 8; e++) dst[e] = T(x[e] * c.scale);
+                for (int e = 0; e < W; e += 2) {
+                    const float2 a = chunk_pair<T>(x1[k], e), y = chunk_pair<T>(x2[k], e);
+                    o1[e / 2] = pack2<T>((a.x * cs[e] - y.x * sn[e]) * c.scale, (a.y * cs[e + 1] - y.y * sn[e + 1]) * c.scale);
+                    o2[e / 2] = pack2<T>((y.x * cs[e] + a.x * sn[e]) * c.scale, (y.y * cs[e + 1] + a.y * sn[e + 1]) * c.scale);
+                }
+                store_chunk<T, W>(c, dst0 + (h0 + k) * c.d_sh, j0, o1);
+                store_chunk<T, W>(c, dst0 + (h0 + k) * c.d_sh, j0 + half, o2);
+            }
+        return;
     }
+#pragma unroll
+    for (int k = 0; k < FS_HC_HEADS; k++)
+        if (k < nh) {
+#pragma unroll
+            for (int e = 0; e < W; e += 2) {
+                const float2 a = chunk_pair<T>(x1[k], e);
+                o1[e / 2] = pack2<T>(a.x * c.scale, a.y * c.scale);
+            }
+            store_chunk<T, W>(c, dst0 + (h0 + k) * c.d_sh, j0, o1);
+        }
 }
 
-/* Whether every row of the copy starts 16 bytes aligned (16-byte loads and stores). */
+/* Whether every row of the copy starts 16 bytes aligned (the host's checks make it so; strides of single rows, heads
+ * or batches are never used). */
 static int copy_aligned(const fs_head_copy *c)
 {
     const int64_t se = c->src_f32 ? 4 : 2;
-    const int64_t s[6] = {c->s_sb * se, c->s_sh * se, c->s_ss * se, c->d_sb * 2, c->d_sh * 2, c->d_ss * 2};
-    for (int k = 0; k < 6; k++)
-        if (s[k] % 16) return 0;
+    const int64_t s[3] = {c->s_sb * se, c->s_sh * se, c->s_ss * se}, d[3] = {c->d_sb * 2, c->d_sh * 2, c->d_ss * 2};
+    const int used[3] = {c->nb > 1, c->H > 1, c->S > 1};
+    for (int k = 0; k < 3; k++)
+        if (used[k] && (s[k] % 16 || d[k] % 16)) return 0;
     return (uintptr_t)c->src % 16 == 0 && (uintptr_t)c->dst % 16 == 0;
 }
 
@@ -116,16 +143,25 @@ extern "C" int fs_attention_run_dim(int D)
 
 extern "C" cudaError_t fs_head_copy_launch(const fs_head_copy *c, fs_dtype dtype, int device, cudaStream_t stream)
 {
-    static fs_kernel handles[2];
-    const long long blocks = ((long long)c->nb * c->S * c->H * (c->D_dst / 8) + 255) / 256;
+    static fs_kernel handles[2][2][2];
+    /* chunks of 8 columns, or of 4 where the rotation's halves are not a multiple of 8 (D = 72, 88, 104, 120) */
+    const int wide = c->rd % 16 == 0, W = wide ? 8 : 4;
+    const int units = c->rd / (2 * W) + (c->D_dst - c->rd) / W, rows_per_block = FS_HC_THREADS / units;
+    const long long groups = (c->H + FS_HC_HEADS - 1) / FS_HC_HEADS;
+    const long long blocks = ((long long)c->nb * c->S + rows_per_block - 1) / rows_per_block * groups;
     if (blocks == 0) return cudaSuccess;
-    if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-    const bool bf = dtype == FS_BF16;
-    const void *kernel = bf ? (const void *)head_copy<__nv_bfloat16> : (const void *)head_copy<__half>;
-    cudaError_t err = fs_kernel_prepare(kernel, &handles[bf], 0, device);
-    int vec = copy_aligned(c);
-    void *args[] = {const_cast<fs_head_copy *>(c), &vec};
-    return err != cudaSuccess ? err : fs_launch(&handles[bf], device, (unsigned)blocks, 256, 0, stream, args);
+    if (blocks > 0x7fffffffLL || c->rd > 256) return cudaErrorInvalidConfiguration;
+    if (!copy_aligned(c)) return cudaErrorMisalignedAddress;
+    const int bf = dtype == FS_BF16, f32 = c->src_f32 != 0;
+    const void *const kernels[2][2][2] = {
+        {{(const void *)head_copy<__half, __half, 4>, (const void *)head_copy<__half, __half, 8>},
+         {(const void *)head_copy<__half, float, 4>, (const void *)head_copy<__half, float, 8>}},
+        {{(const void *)head_copy<__nv_bfloat16, __nv_bfloat16, 4>, (const void *)head_copy<__nv_bfloat16, __nv_bfloat16, 8>},
+         {(const void *)head_copy<__nv_bfloat16, float, 4>, (const void *)head_copy<__nv_bfloat16, float, 8>}}};
+    fs_kernel *handle = &handles[bf][f32][wide];
+    cudaError_t err = fs_kernel_prepare(kernels[bf][f32][wide], handle, 0, device);
+    void *args[] = {const_cast<fs_head_copy *>(c)};
+    return err != cudaSuccess ? err : fs_launch(handle, device, (unsigned)blocks, FS_HC_THREADS, 0, stream, args);
 }
 
 /* A copy of one operand of p (q: query side) between its strides and the token-major scratch layout (nb, S, H, Dp). */
