@@ -1,9 +1,10 @@
 """The transformer-LM grid of the profiling study (python -m flashsci.bench --lm-grid): the five sizes of
 bench/models/lm.py × context 128…4096, batch 4, bf16, each with naive, SDPA and flashsci attention. Per cell: the
-inference forward (no grad) and one training step (forward, backward, AdamW) — median of 7 after a warm-up — the
-step's peak memory under an 80 GB H100's limit (torch's per-process memory fraction), out-of-memory cells, and one
-profiled forward and step (flashsci.profile): GEMM fraction per pass, dominant kernel and top non-GEMM kernel,
-attention's share of the step, and inside the naive attention the softmax's time against its two matmuls'."""
+inference forward (no grad) and one training step (forward, backward, AdamW) — the median of 3 rounds of 5 calls
+back to back, timed by CUDA events, after a warm-up — the step's peak memory under an 80 GB H100's limit (torch's
+per-process memory fraction), out-of-memory cells, and one profiled forward and step (flashsci.profile): GEMM
+fraction per pass, dominant kernel and top non-GEMM kernel, attention's share of the step, and inside the naive
+attention the softmax's time against its two matmuls'."""
 import gc
 import statistics
 import time
@@ -16,16 +17,21 @@ BATCH = 4
 H100_GIB = 79.1       # what torch reports as an 80 GB H100's total memory
 
 
-def median_ms(torch, fn, n=7):
-    """Median wall ms of n synchronized calls of fn after one warm-up call."""
+def median_ms(torch, fn, n=5, rounds=3):
+    """ms per call: the median over `rounds` of n back-to-back calls between two CUDA events, after a warm-up call.
+    The host queues calls ahead as a training loop does, so a cell shows max(host time, GPU time) per call; timing each
+    call alone with a synchronize (the first version) moved the host-bound cells by up to 40% between runs."""
     fn()
     torch.cuda.synchronize()
     times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / n)
     return statistics.median(times)
 
 
@@ -131,8 +137,9 @@ def markdown(meta, rows):
     ctxs = sorted({r["context"] for r in rows})
     md = [f"# Transformer-LM grid — {meta['gpu']}", "",
           f"torch {meta['torch']}, bf16 weights, batch {meta['batch']}, AdamW; memory capped at {meta['memory limit GiB']} "
-          "GiB (an 80 GB H100). Forward: inference, no grad. Step: forward + backward + optimizer. Median of 7 after a "
-          "warm-up. OOM: out of memory under the cap. Profiles (one forward and one step per cell, flashsci.profile) only "
+          "GiB (an 80 GB H100). Forward: inference, no grad. Step: forward + backward + optimizer. ms per call: the "
+          "median of 3 rounds of 5 calls back to back (CUDA events; the host queues ahead as in a training loop) after "
+          "a warm-up. OOM: out of memory under the cap. Profiles (one forward and one step per cell, flashsci.profile) only "
           "for cells whose step fits.", "",
           "## Time (ms) and flashsci's speedup over SDPA", "",
           "| size | context | forward naive / SDPA / flashsci | speedup | step naive / SDPA / flashsci | speedup | "
