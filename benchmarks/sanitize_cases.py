@@ -37,6 +37,9 @@ def backward_cases():
     backward(q, k, v, seqlens=torch.tensor([300, 0], dtype=torch.int32, device=dev), rotary=True)
     out, lse = flashsci.attention(q, k, v, return_lse=True, causal=True)
     flashsci.attention_backward(torch.randn_like(out), q, k, v, out, lse, causal=True, deterministic=True)
+    qg, kg = torch.randn(2, 4, 300, 128, device=dev, dtype=f16), torch.randn(2, 2, 300, 128, device=dev, dtype=f16)
+    out, lse = flashsci.attention(qg, kg, kg, return_lse=True)   # deterministic over grouped heads, every tile shared
+    flashsci.attention_backward(torch.randn_like(out), qg, kg, kg, out, lse, deterministic=True)
     backward(q, k, v, bias=torch.randn(1, 4, 300, 300, device=dev), t5_bias=(torch.randn(4, 32, device=dev), 32, 128, True))
     for shape in ((2, 4, 300, 300), (1, 1, 300, 300), (2, 1, 1, 300), (4, 300, 1)):  # dbias (bias_grad), T5 gradient
         bias = torch.randn(*shape, device=dev)

@@ -340,22 +340,56 @@ def test_head_dims(d):
     check((dq, dk, dv), ref, theirs, f"d={d} varlen rotary")
 
 
+def repeated_equal(first, run):
+    """run() three more times: every gradient bit-identical to first's."""
+    for _ in range(3):
+        again = run()
+        assert all(torch.equal(x, y) for x, y in zip(first, again))
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_deterministic(d):
-    """deterministic=True: the dQ kernel by query block, bit-identical across runs, as accurate as the default."""
+    """deterministic=True: bit-identical across runs (Hopper: dQ's adds in key-block order; elsewhere the dQ kernel by
+    query block), as accurate as the default."""
     b, h, s = 2, 4, 700
     q, k, v, dout = (rand(b, h, s, d) for _ in range(4))
     kpm = torch.rand(b, s, device="cuda") < 0.8
     kw = dict(causal=True, key_padding_mask=kpm, rotary=True)
     out, lse = flashsci.attention(q, k, v, return_lse=True, **kw)
     first = flashsci.attention_backward(dout, q, k, v, out, lse, deterministic=True, **kw)
-    for _ in range(3):
-        again = flashsci.attention_backward(dout, q, k, v, out, lse, deterministic=True, **kw)
-        assert all(torch.equal(x, y) for x, y in zip(first, again))
+    repeated_equal(first, lambda: flashsci.attention_backward(dout, q, k, v, out, lse, deterministic=True, **kw))
     keep = causal_keep(s, s) & kpm[:, None, None, :]
     ref = grads(attention64, *(x.double() for x in (q, k, v)), dout.double(), scale=d ** -0.5, keep=keep, rotary=10000.0)
     theirs = grads(attention_lowp, q, k, v, dout, scale=d ** -0.5, keep=keep, rotary=10000.0)
     check(first, ref, theirs, "deterministic")
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_deterministic_grouped_and_packed(d):
+    """deterministic=True over many key blocks per query tile: grouped K/V heads without a mask (every key block adds
+    to every tile, in key-block order on Hopper) and packed causal sequences (the blocks' tiles last first there)."""
+    b, h, hkv, s = 2, 4, 2, 1100
+    q, dout, k, v = rand(b, h, s, d), rand(b, h, s, d), rand(b, hkv, s, d), rand(b, hkv, s, d)
+    out, lse = flashsci.attention(q, k, v, return_lse=True)
+    first = flashsci.attention_backward(dout, q, k, v, out, lse, deterministic=True)
+    repeated_equal(first, lambda: flashsci.attention_backward(dout, q, k, v, out, lse, deterministic=True))
+    kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    ref = grads(attention64, *(x.double() for x in (q, kr, vr)), dout.double(), scale=d ** -0.5)
+    theirs = grads(attention_lowp, q, kr, vr, dout, scale=d ** -0.5)
+    fold = lambda g: (g[0], *(x.unflatten(1, (hkv, 2)).double().sum(2).to(x.dtype) for x in g[1:]))
+    check(first, fold(ref), fold(theirs), "deterministic grouped")
+
+    lengths = [700, 1, 0, 1300, 257]
+    cu, (pq, pk, pv) = pack(lengths, 3, d, torch.bfloat16)
+    pdo = torch.randn_like(pq)
+    m = max(lengths)
+    out, lse = flashsci.attention_varlen(pq, pk, pv, cu, cu, m, m, causal=True, return_lse=True)
+    run = lambda: flashsci.attention_varlen_backward(pdo, pq, pk, pv, out, lse, cu, cu, m, m, causal=True,
+                                                     deterministic=True)
+    first = run()
+    repeated_equal(first, run)
+    ref, theirs = varlen_grads(pq, pk, pv, pdo, cu, cu, True, d ** -0.5)
+    check(first, ref, theirs, "deterministic varlen causal")
 
 
 def bias_t5_grads(fn, q, k, v, dout, bias=None, table=None, dtype=None, **kw):

@@ -4,7 +4,8 @@
  * zero-padded copies (attention/head_copy.cu), which also rotate q and k and rotate dq back over the true head dim.
  * Workspace per call (stated in docs/api.md): 4 (Dp + 1) bytes per query row and head (dQ's float32 accumulator at the
  * kernels' head dim Dp, Delta), plus q and k rotated when the forward used rotary, plus 4 bytes per (batch, head, 64
- * queries, bucket) for the T5 gradient, plus (padded head dims) q, k, v, dO, dk and dv at Dp. */
+ * queries, bucket) for the T5 gradient, plus (padded head dims) q, k, v, dO, dk and dv at Dp, plus (deterministic
+ * runs on Hopper) 8 bytes per (batch, head, 64 queries) for the counters that order dQ's adds. */
 #include "attention/head_copy.h"
 #include "attention/launchers.h"
 #include "attention/sm80/backward.h"
@@ -17,18 +18,16 @@ static size_t align256(size_t x)
     return (x + 255) & ~(size_t)255;
 }
 
-/* The main kernel (and the deterministic dQ kernel) in g's dtype: the Hopper kernel where it may run and covers g. */
+/* The main kernel (and the deterministic dQ kernel) in g's dtype: the Hopper kernel where it may run and covers g
+ * (deterministic runs: its dQ adds ordered by zeroed counters), else the portable ones. */
 static cudaError_t run_kernels(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
 {
     if (w->sm90 && fs_sm90_backward_covers(g, w->rotary, w->rotary_dim)) {
-        /* deterministic runs: dk and dv here (no atomics), dQ by the portable dQ kernel */
-        const fs_sm90_bwd_work w90 = {w->dq_acc, w->delta, !g->deterministic, w->rotary, w->rotary_base};
-        cudaError_t err = g->p.dtype == FS_BF16 ? fs_sm90_backward_bf16(g, &w90, device, stream)
-                                                : fs_sm90_backward_fp16(g, &w90, device, stream);
-        if (err != cudaSuccess || !g->deterministic) return err;
-        fs_bwd_work wd = *w;
-        wd.dq_only = 1;
-        return g->p.dtype == FS_BF16 ? fs_sm80_backward_bf16(g, &wd, device, stream) : fs_sm80_backward_fp16(g, &wd, device, stream);
+        const fs_sm90_bwd_work w90 = {w->dq_acc, w->delta, g->deterministic ? w->dq_order : NULL, w->rotary, w->rotary_base};
+        cudaError_t err = cudaSuccess;
+        if (w90.dq_order) err = cudaMemsetAsync(w90.dq_order, 0, 4 * fs_sm90_order_ints(&g->p), stream);
+        if (err != cudaSuccess) return err;
+        return g->p.dtype == FS_BF16 ? fs_sm90_backward_bf16(g, &w90, device, stream) : fs_sm90_backward_fp16(g, &w90, device, stream);
     }
     return g->p.dtype == FS_BF16 ? fs_sm80_backward_bf16(g, w, device, stream) : fs_sm80_backward_fp16(g, w, device, stream);
 }
@@ -131,7 +130,6 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     const int Dp = backward_dim(g, sm90), native = Dp == p->D;
     fs_bwd_work w;
     w.sm90 = sm90;
-    w.dq_only = 0;
     w.rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
     w.scale = (float)p->scale;
     w.rotary = p->rotary;
@@ -142,13 +140,15 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     const size_t off_rot = align256(off_acc + 4 * (size_t)w.rows * Dp);
     const size_t off_t5 = align256(off_rot + (p->rotary && native ? fs_rotary_bytes(p) : 0));
     const size_t t5_floats = g->dtable ? (size_t)p->B * p->H * ((p->Sq + 63) / 64) * p->t5_buckets : 0;
-    const size_t bytes = off_t5 + 4 * t5_floats;
+    const size_t off_order = align256(off_t5 + 4 * t5_floats);
+    const size_t bytes = off_order + (sm90 && g->deterministic ? 4 * fs_sm90_order_ints(p) : 0);
     char *ws = NULL;
     cudaError_t err = fs_workspace_get(device, stream, bytes, (void **)&ws);
     if (err != cudaSuccess) return err;
     w.delta = (float *)(ws + off_delta);
     w.dq_acc = (float *)(ws + off_acc);
     w.t5_part = (float *)(ws + off_t5);
+    w.dq_order = sm90 && g->deterministic ? (int *)(ws + off_order) : NULL;
     if (native) {
         fs_attn_bwd_params kg = *g; /* the kernels' view: q and k rotated, rotary off */
         if (p->rotary) err = fs_rotary_qk(p, device, stream, ws + off_rot, &kg.p);

@@ -18,7 +18,7 @@ typedef struct {
     float *t5_part;    /* T5 gradient: bucket sums per (b, h, query tile of 64) */
     float rotary_base;
     int sm90;          /* the Hopper main kernel may run (an sm_90 device, not forced to the portable one) */
-    int dq_only;       /* the main kernel has run (the Hopper one): only the dQ kernel and the passes after it */
+    int *dq_order;     /* deterministic runs on the Hopper kernel: its dQ counters (fs_sm90_order_ints), or NULL */
 } fs_bwd_work;
 
 /* Delta = rowsum(dO o O) and dQ's accumulator (rows of acc_d floats: the kernels' head dim) zeroed, for every row of g. */

@@ -56,7 +56,7 @@ static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w,
         a.delta_pass = 0;
         if (err != cudaSuccess) return err;
     }
-    if (blocks > 0 && !w->dq_only) {
+    if (blocks > 0) {
         err = fs_kernel_prepare((const void *)attention_bwd_sm80<D, T, FEAT>, &main_handle,
                                 fs_bwd_smem<D, T>::bytes(2, FS_CUDA_T5_MAX), device);
         if (err == cudaSuccess) err = fs_launch(&main_handle, device, (unsigned)blocks, tile::THREADS, smem, stream, args);

@@ -7,12 +7,12 @@
 
 #include "attention/params.h"
 
-/* What the kernel takes beyond the problem: the pre-pass's workspaces, whether it computes dQ, and the rotation dK is
- * turned back by. */
+/* What the kernel takes beyond the problem: the pre-pass's workspaces, the counters that order dQ's adds in
+ * deterministic runs, and the rotation dK is turned back by. */
 typedef struct {
     float *dq_acc;      /* float32 rows of D (the backward's fs_bwd_row), zeroed */
     const float *delta; /* rowsum(dO o O) per row */
-    int dq;             /* dQ added into dq_acc here (0: deterministic runs leave it to the portable dQ kernel) */
+    int *dq_order;      /* deterministic runs: fs_sm90_order_ints(g) zeroed ints (dQ's adds in key-block order); else NULL */
     int rotary;         /* dK rotated back by rotary_base (the forward rotated q and k over all D columns) */
     float rotary_base;
 } fs_sm90_bwd_work;
@@ -21,7 +21,9 @@ typedef struct {
  * over rotary_dim columns) on an sm_90 device: built for 90a, fp16/bf16, D = 64 or 128, causal or not, grouped-query
  * heads, packed sequences, seqlens, key padding masks, rotary over the whole head dim; not the bias or the T5 bias. */
 int fs_sm90_backward_covers(const fs_attn_bwd_params *g, int rotary, int rotary_dim);
-/* dk, dv, and (w->dq) dQ added into w->dq_acc, for fp16 or bf16. */
+/* The counters a deterministic run of g takes (w->dq_order). */
+size_t fs_sm90_order_ints(const fs_attn_params *p);
+/* dk, dv, and dQ added into w->dq_acc, for fp16 or bf16. */
 cudaError_t fs_sm90_backward_fp16(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream);
 cudaError_t fs_sm90_backward_bf16(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream);
 

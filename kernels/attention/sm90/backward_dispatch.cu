@@ -4,6 +4,11 @@
 #include "attention/sm90/tensor_map.h"
 #include "attention/sm90/variants.h"
 
+size_t fs_sm90_order_ints(const fs_attn_params *p)
+{
+    return (size_t)p->B * p->H * ((p->Sq + 63) / 64) * 2;
+}
+
 int fs_sm90_backward_covers(const fs_attn_bwd_params *g, int rotary, int rotary_dim)
 {
 #ifdef FLASHSCI_SM90A

@@ -11,14 +11,14 @@
 #include "attention/sm90/backward_tile.cuh"
 #include "common/tma.cuh"
 
-template <int D, typename T, bool CAUSAL, bool DQ>
+template <int D, typename T, bool CAUSAL, bool ORDERED>
 __global__ void __launch_bounds__(384, 1)
 attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                    const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
                    const fs_sm90_bwd_args a)
 {
 #ifdef FS_WGMMA
-    using K = sm90_bwd_config<D, T, CAUSAL, DQ>;
+    using K = sm90_bwd_config<D, T, CAUSAL, ORDERED>;
     static_assert(128 * 24 + 256 * K::tile::REGS <= 65536,
                   "setmaxnreg: the warpgroups' registers fit the block's allocation");
     extern __shared__ unsigned char smem_raw[];

@@ -10,7 +10,7 @@
 #include "common/launch.cuh"
 
 /* One block per (key block, K/V head, batch). */
-template <int D, typename T, bool CAUSAL, bool DQ>
+template <int D, typename T, bool CAUSAL, bool ORDERED>
 static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream)
 {
     using tile = fs_sm90_bwd_tile<D>;
@@ -23,6 +23,8 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     a.scale = (float)p->scale;
     a.dq_acc = w->dq_acc;
     a.delta = w->delta;
+    a.dq_order = w->dq_order;
+    a.order_tiles = (p->Sq + 63) / 64;
     a.rotary = w->rotary;
     a.rotary_base = w->rotary_base;
     a.n_kblocks = (p->Sk + tile::BC - 1) / tile::BC;
@@ -42,19 +44,20 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, hkv, nb, D, p->k_ss, p->k_sh, p->k_sb, tile::BC);
     if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, hkv, nb, D, p->v_ss, p->v_sh, p->v_sb, tile::BC);
     if (err == cudaSuccess) err = sm90_map(&mdo, g->dout, bf16, sq, p->H, nb, D, g->do_ss, g->do_sh, g->do_sb, tile::BR);
-    if (err == cudaSuccess) err = fs_kernel_prepare((const void *)attention_bwd_sm90<D, T, CAUSAL, DQ>, &handle, SMEM, device);
+    if (err == cudaSuccess) err = fs_kernel_prepare((const void *)attention_bwd_sm90<D, T, CAUSAL, ORDERED>, &handle, SMEM, device);
     void *args[] = {&mq, &mk, &mv, &mdo, &a};
     if (err == cudaSuccess) err = fs_launch(&handle, device, (unsigned)blocks, 384, SMEM, stream, args);
     return err;
 }
 
-/* The instantiation for g: head dim, causal, dQ here or not. */
+/* The instantiation for g: head dim, causal, dQ's adds ordered (deterministic) or not. */
 template <int D, typename T>
 static cudaError_t bwd90_launch_d(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream)
 {
+    const bool ordered = w->dq_order != NULL;
     if (g->p.causal)
-        return w->dq ? bwd90_launch<D, T, true, true>(g, w, device, stream) : bwd90_launch<D, T, true, false>(g, w, device, stream);
-    return w->dq ? bwd90_launch<D, T, false, true>(g, w, device, stream) : bwd90_launch<D, T, false, false>(g, w, device, stream);
+        return ordered ? bwd90_launch<D, T, true, true>(g, w, device, stream) : bwd90_launch<D, T, true, false>(g, w, device, stream);
+    return ordered ? bwd90_launch<D, T, false, true>(g, w, device, stream) : bwd90_launch<D, T, false, false>(g, w, device, stream);
 }
 
 template <typename T>

@@ -7,7 +7,9 @@
  *   dV_j += P^T dO_i, dK_j += dS^T Q_i        (wgmma, P^T and dS^T from registers, dO_i and Q_i MN-major)
  *   dQ_i += dS K_j                            (dS^T through shared memory as an MN-major A; both warpgroups' keys)
  * dQ_i goes to the float32 accumulator by float2 atomics from registers (staged in shared memory for bulk reductions,
- * it ran 6-10% slower: the SS GEMMs here already keep shared memory busy). */
+ * it ran 6-10% slower: the SS GEMMs here already keep shared memory busy); in deterministic runs (ORDERED) each
+ * warpgroup adds its share of a tile after the key blocks before its own have added theirs, so every element's sum
+ * has one order. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_MAINLOOP_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_MAINLOOP_CUH
 
@@ -27,6 +29,25 @@ FS_DEV void bwd_consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory
  * rather than both waiting on products issued together. */
 FS_DEV void bwd_turn_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + cw) : "memory"); }
 FS_DEV void bwd_turn_pass(int cw) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + (cw ^ 1)) : "memory"); }
+/* Consumer warpgroup cw's own 128 threads at named barrier 4 + cw. */
+FS_DEV void bwd_warpgroup_sync(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(4 + cw) : "memory"); }
+
+/* Deterministic dQ: the warpgroup waits until *count == rank (the key blocks before its own have added their shares of
+ * the tile: one thread polls with acquire loads), adds, then counts itself (release, after all its threads' adds). */
+FS_DEV void bwd_order_wait(const int *count, int rank, int cw)
+{
+    if ((threadIdx.x & 127) == 0) {
+        int seen;
+        do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
+        while (seen != rank);
+    }
+    bwd_warpgroup_sync(cw);
+}
+FS_DEV void bwd_order_done(int *count, int cw)
+{
+    bwd_warpgroup_sync(cw);
+    if ((threadIdx.x & 127) == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(count) : "memory");
+}
 
 /* A consumer thread's whole work for its block (consumer warpgroup cw = 0, 1). */
 template <class K>
@@ -116,7 +137,7 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
          * queries, key rows of 128 bytes, 16-byte chunk x of row y at x ^ (y % 8). stmatrix: lane l addresses row l % 8
          * of matrix l / 8 (rows + 8 for odd matrices, the next 8 queries for matrices 2, 3) */
         const uint32_t ds_buf = ds_base + (it & 1) * BC * BR * 2;
-        if constexpr (K::DQ) {
+        {
             const int row = cw * 64 + warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
             for (int kk = 0; kk < BR / 16; kk++) {
@@ -140,11 +161,11 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         /* dV_j += P^T dO_i, while the other warpgroup's dS^T lands */
         wgmma_fence();
         issue_xt(dv, pk, do_base);
-        float dq[K::DQ ? 32 : 1];
-        if constexpr (K::DQ) {
-            bwd_consumers_sync();
-            /* dQ_i = dS K_j over the block's Bc keys: this warpgroup's 64 x 64 (D = 64: query panel cw, K's columns;
-             * D = 128: query panel 0, K's half cw), Bc / 16 k-steps of 16 key rows */
+        float dq[32];
+        bwd_consumers_sync();
+        /* dQ_i = dS K_j over the block's Bc keys: this warpgroup's 64 x 64 (D = 64: query panel cw, K's columns;
+         * D = 128: query panel 0, K's half cw), Bc / 16 k-steps of 16 key rows */
+        {
             const uint32_t a_panel = D == 64 ? cw : 0, b_panel = D == 64 ? 0 : cw;
 #pragma unroll
             for (int kk = 0; kk < BC / 16; kk++)
@@ -154,20 +175,25 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         }
         /* dK_j += dS^T Q_i, running while dQ_i is added */
         issue_xt(dk, dsk, q_base);
-        if constexpr (K::DQ) {
-            wgmma_wait<1>();
-            /* dQ_i added into the accumulator: float2 atomics (red.global.add.v2.f32), this thread's rows and pairs */
+        wgmma_wait<1>();
+        /* dQ_i added into the accumulator: float2 atomics (red.global.add.v2.f32), this thread's rows and pairs; in
+         * order of key block when deterministic (this warpgroup's counter of the tile) */
+        int *order = nullptr;
+        if constexpr (K::ORDERED) {
+            order = a.dq_order + ((int64_t)(blk.b * p.H + h) * a.order_tiles + q0 / BR) * 2 + cw;
+            bwd_order_wait(order, blk.k0 / BC, cw);
+        }
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int q = q0 + (D == 64 ? cw * 64 : 0) + warp * 16 + gr + 8 * r;
-                if (q < q_len) {
-                    float *dst = a.dq_acc + fs_bwd_row(p, blk.b, h, blk.seq.qo, q) * D + (D == 64 ? 0 : cw * 64) + 2 * t4;
+        for (int r = 0; r < 2; r++) {
+            const int q = q0 + (D == 64 ? cw * 64 : 0) + warp * 16 + gr + 8 * r;
+            if (q < q_len) {
+                float *dst = a.dq_acc + fs_bwd_row(p, blk.b, h, blk.seq.qo, q) * D + (D == 64 ? 0 : cw * 64) + 2 * t4;
 #pragma unroll
-                    for (int n = 0; n < 8; n++)
-                        atomicAdd(reinterpret_cast<float2 *>(dst + 8 * n), make_float2(dq[4 * n + 2 * r], dq[4 * n + 2 * r + 1]));
-                }
+                for (int n = 0; n < 8; n++)
+                    atomicAdd(reinterpret_cast<float2 *>(dst + 8 * n), make_float2(dq[4 * n + 2 * r], dq[4 * n + 2 * r + 1]));
             }
         }
+        if constexpr (K::ORDERED) bwd_order_done(order, cw);
         wgmma_wait<0>();
         mbar_arrive(&sh.empty[s]); /* Q_i, dO_i, L_i, D_i read: every consumer thread arrives (each its own reads) */
         if (++s == STAGES) { s = 0; phase ^= 1; }

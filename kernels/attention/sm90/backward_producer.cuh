@@ -49,14 +49,17 @@ template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_a
     return blk;
 }
 
-/* Step it of a block: its query head (head of the group outer) and first query row (query tile inner). */
+/* Step it of a block: its query head (head of the group outer) and first query row (query tile inner; ordered causal
+ * blocks last tile first, so every key block reaches a tile at the same step and none waits for the blocks before it
+ * to come down to its first tile). */
 FS_DEV int sm90_bwd_head(const fs_attn_params &p, const sm90_bwd_block &blk, int it)
 {
     return blk.hkv * p.kv_group + it / blk.n_q;
 }
 template <class K> FS_DEV_T int sm90_bwd_q0(const sm90_bwd_block &blk, int it)
 {
-    return (blk.q_tile0 + it % blk.n_q) * K::BR;
+    const int i = it % blk.n_q;
+    return (blk.q_tile0 + (K::ORDERED && K::CAUSAL ? blk.n_q - 1 - i : i)) * K::BR;
 }
 
 /* The producer warp's whole work for its block (lane: its lane). Stage s is full once the TMA bytes of Q_i and dO_i

@@ -17,12 +17,13 @@ template <int D> struct fs_sm90_bwd_tile;
 template <> struct fs_sm90_bwd_tile<64>  { enum { BR = 128, BC = 128, STAGES = 2, REGS = 240 }; };
 template <> struct fs_sm90_bwd_tile<128> { enum { BR = 64, BC = 128, STAGES = 2, REGS = 240 }; };
 
-/* The constants of one instantiation (DQ: dQ here; else dk and dv only, for the deterministic dQ kernel). */
-template <int D_, typename T_, bool CAUSAL_, bool DQ_> struct sm90_bwd_config {
+/* The constants of one instantiation (ORDERED: deterministic runs, each warpgroup's dQ added to a query tile after the
+ * key blocks before its own, by per-tile counters; causal blocks then visit their query tiles last first). */
+template <int D_, typename T_, bool CAUSAL_, bool ORDERED_> struct sm90_bwd_config {
     using T = T_;
     using tile = fs_sm90_bwd_tile<D_>;
     static constexpr int D = D_, BR = tile::BR, BC = tile::BC, STAGES = tile::STAGES, NWG = 2, THREADS = 384;
-    static constexpr bool CAUSAL = CAUSAL_, DQ = DQ_;
+    static constexpr bool CAUSAL = CAUSAL_, ORDERED = ORDERED_;
     static constexpr int NQ = BR / 8; /* n8 column groups of S^T, dP^T (queries) */
     static constexpr int NO = D / 8;  /* ... of dV, dK (head dim) */
 };
@@ -39,6 +40,9 @@ typedef struct {
     int section;         /* causal: K/V heads per section of the block order (sm90_bwd_block_of) */
     int rotary;          /* rotate dK back (the forward rotated k by rotary_base over all D columns) */
     float rotary_base;
+    int *dq_order;       /* deterministic runs: per (batch, query head, query tile of Br, consumer warpgroup) the key
+                          * blocks whose dQ share has been added, ((b H + h) order_tiles + tile) 2 + cw; zeroed */
+    int order_tiles;     /* tiles of 64 queries per head (>= the tiles of Br) */
 } fs_sm90_bwd_args;
 
 /* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two
