@@ -29,24 +29,43 @@ FS_DEV void bwd_consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory
  * rather than both waiting on products issued together. */
 FS_DEV void bwd_turn_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + cw) : "memory"); }
 FS_DEV void bwd_turn_pass(int cw) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + (cw ^ 1)) : "memory"); }
-/* Consumer warpgroup cw's own 128 threads at named barrier 4 + cw. */
-FS_DEV void bwd_warpgroup_sync(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(4 + cw) : "memory"); }
-
-/* Deterministic dQ: the warpgroup waits until *count == rank (the key blocks before its own have added their shares of
- * the tile: one thread polls with acquire loads), adds, then counts itself (release, after all its threads' adds). */
-FS_DEV void bwd_order_wait(const int *count, int rank, int cw)
+/* Deterministic dQ: consumer warpgroup cw and its order warp (warp 1 + cw of the producer warpgroup) meet at named
+ * barrier 4 + cw before the warpgroup's adds (the order warp has seen the key blocks before this one count themselves
+ * on the tile) and at 6 + cw after them (the order warp then counts this block). bar.sync orders the adds against the
+ * order warp's acquire load and release add at the GPU's scope; the waits and the release's latency stay off the
+ * consumers' path. */
+FS_DEV void bwd_order_go(int cw)
 {
-    if ((threadIdx.x & 127) == 0) {
-        int seen;
-        do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
-        while (seen != rank);
-    }
-    bwd_warpgroup_sync(cw);
+    if (cw) asm volatile("bar.sync 5, 160;\n" ::: "memory"); /* immediate ids: no register held across the step */
+    else asm volatile("bar.sync 4, 160;\n" ::: "memory");
 }
-FS_DEV void bwd_order_done(int *count, int cw)
+FS_DEV void bwd_order_added(int cw)
 {
-    bwd_warpgroup_sync(cw);
-    if ((threadIdx.x & 127) == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(count) : "memory");
+    if (cw) asm volatile("bar.sync 7, 160;\n" ::: "memory");
+    else asm volatile("bar.sync 6, 160;\n" ::: "memory");
+}
+
+/* The order warp of consumer warpgroup cw (lane: its lane): per step, lane 0 polls the tile's counter until the key
+ * blocks before this one have counted themselves, the warp lets the consumers add, then counts this block. */
+template <class K> FS_DEV_T void sm90_bwd_order_warp(const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int cw, int lane)
+{
+    /* the consumers' steps (sm90_bwd_head, sm90_bwd_q0) as two loops, in the 24 registers of the producer warpgroup */
+    const int rank = blk.k0 / K::BC, n_q = blk.n_q, group = a.g.p.kv_group;
+    const int64_t per_head = 2 * (int64_t)a.order_tiles;
+    int *count0 = a.dq_order + ((int64_t)blk.b * a.g.p.H + blk.hkv * group) * per_head + 2 * blk.q_tile0 + cw;
+    for (int g = 0; g < group; g++, count0 += per_head)
+        for (int i = 0; i < n_q; i++) {
+            int *count = count0 + 2 * (K::CAUSAL ? n_q - 1 - i : i);
+            if (lane == 0) {
+                int seen;
+                do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
+                while (seen != rank);
+            }
+            __syncwarp();
+            bwd_order_go(cw);
+            bwd_order_added(cw);
+            if (lane == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(count) : "memory");
+        }
 }
 
 /* A consumer thread's whole work for its block (consumer warpgroup cw = 0, 1). */
@@ -178,11 +197,7 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         wgmma_wait<1>();
         /* dQ_i added into the accumulator: float2 atomics (red.global.add.v2.f32), this thread's rows and pairs; in
          * order of key block when deterministic (this warpgroup's counter of the tile) */
-        int *order = nullptr;
-        if constexpr (K::ORDERED) {
-            order = a.dq_order + ((int64_t)(blk.b * p.H + h) * a.order_tiles + q0 / BR) * 2 + cw;
-            bwd_order_wait(order, blk.k0 / BC, cw);
-        }
+        if constexpr (K::ORDERED) bwd_order_go(cw);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int q = q0 + (D == 64 ? cw * 64 : 0) + warp * 16 + gr + 8 * r;
@@ -193,7 +208,7 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
                     atomicAdd(reinterpret_cast<float2 *>(dst + 8 * n), make_float2(dq[4 * n + 2 * r], dq[4 * n + 2 * r + 1]));
             }
         }
-        if constexpr (K::ORDERED) bwd_order_done(order, cw);
+        if constexpr (K::ORDERED) bwd_order_added(cw);
         wgmma_wait<0>();
         mbar_arrive(&sh.empty[s]); /* Q_i, dO_i, L_i, D_i read: every consumer thread arrives (each its own reads) */
         if (++s == STAGES) { s = 0; phase ^= 1; }
