@@ -1,5 +1,4 @@
 import torch, flashsci
-from flashsci.bench.models.lm import LM
 from flashsci.profile.trace import capture
 from flashsci.profile.report import summary
 for D, H in ((80, 32), (128, 20), (64, 40)):
