@@ -156,16 +156,14 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
          * queries, key rows of 128 bytes, 16-byte chunk x of row y at x ^ (y % 8). stmatrix: lane l addresses row l % 8
          * of matrix l / 8 (rows + 8 for odd matrices, the next 8 queries for matrices 2, 3) */
         const uint32_t ds_buf = ds_base + (it & 1) * BC * BR * 2;
-        {
-            const int row = cw * 64 + warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+        const int ds_row = cw * 64 + warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
-            for (int kk = 0; kk < BR / 16; kk++) {
-                const int qc = 2 * kk + (lane >> 4);
-                stmatrix_x4(ds_buf + (qc >> 3) * BC * 128 + row * 128 + (((qc & 7) ^ (lane & 7)) << 4), dsk[2 * kk][0],
-                            dsk[2 * kk][1], dsk[2 * kk + 1][0], dsk[2 * kk + 1][1]);
-            }
-            fence_proxy_async();
+        for (int kk = 0; kk < BR / 16; kk++) {
+            const int qc = 2 * kk + (lane >> 4);
+            stmatrix_x4(ds_buf + (qc >> 3) * BC * 128 + ds_row * 128 + (((qc & 7) ^ (lane & 7)) << 4), dsk[2 * kk][0],
+                        dsk[2 * kk][1], dsk[2 * kk + 1][0], dsk[2 * kk + 1][1]);
         }
+        fence_proxy_async();
 
         /* acc += X^T B for X^T = P^T or dS^T (packed accumulator fragments) and B = dO_i or Q_i at b_base: Br / 16 k-steps
          * of 16 query rows (2 KiB) each */
@@ -184,14 +182,12 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         bwd_consumers_sync();
         /* dQ_i = dS K_j over the block's Bc keys: this warpgroup's 64 x 64 (D = 64: query panel cw, K's columns;
          * D = 128: query panel 0, K's half cw), Bc / 16 k-steps of 16 key rows */
-        {
-            const uint32_t a_panel = D == 64 ? cw : 0, b_panel = D == 64 ? 0 : cw;
+        const uint32_t a_panel = D == 64 ? cw : 0, b_panel = D == 64 ? 0 : cw;
 #pragma unroll
-            for (int kk = 0; kk < BC / 16; kk++)
-                wgmma_ss_mn<64, T>(dq, desc_sw128(ds_buf + a_panel * BC * 128 + kk * 16 * 128, BC * 128, 1024),
-                                   desc_sw128(k_base + b_panel * BC * 128 + kk * 16 * 128, BC * 128, 1024), kk > 0);
-            wgmma_commit();
-        }
+        for (int kk = 0; kk < BC / 16; kk++)
+            wgmma_ss_mn<64, T>(dq, desc_sw128(ds_buf + a_panel * BC * 128 + kk * 16 * 128, BC * 128, 1024),
+                               desc_sw128(k_base + b_panel * BC * 128 + kk * 16 * 128, BC * 128, 1024), kk > 0);
+        wgmma_commit();
         /* dK_j += dS^T Q_i, running while dQ_i is added */
         issue_xt(dk, dsk, q_base);
         wgmma_wait<1>();
