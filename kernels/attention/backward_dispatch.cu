@@ -18,8 +18,8 @@ static size_t align256(size_t x)
     return (x + 255) & ~(size_t)255;
 }
 
-/* The main kernel (and the deterministic dQ kernel) in g's dtype: the Hopper kernel where it may run and covers g
- * (deterministic runs: its dQ adds ordered by zeroed counters), else the portable ones. */
+/* The main kernels in g's dtype: the Hopper kernel where it may run and covers g (deterministic runs: its dQ adds
+ * ordered by zeroed counters), else the portable ones (deterministic runs: the main kernel and the dQ kernel). */
 static cudaError_t run_kernels(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
 {
     if (w->sm90 && fs_sm90_backward_covers(g, w->rotary, w->rotary_dim)) {
