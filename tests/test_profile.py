@@ -29,6 +29,9 @@ NAMES = [   # (kernel name as torch.profiler records it, category)
     ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, ...)>", "element-wise"),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, ...>>>", "element-wise"),
     ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<4>>", "element-wise"),
+    ("void activation_kernel<__nv_bfloat16, 2>(fs_act_params, float*)", "element-wise"),
+    ("convert_bias_grad(float const*, void*, fs_dtype, int)", "element-wise"),
+    ("void head_copy<__nv_bfloat16, float, 8>(fs_head_copy)", "attention"),
     ("void at_cuda_detail::cub::DeviceRadixSortOnesweepKernel<...>", "other"),
 ]
 

@@ -11,7 +11,7 @@ memset events). The first rule whose pattern occurs in the lower-cased name wins
     memory         copies and dtype conversions: memcpy / memset, copy kernels (torch's direct_copy_kernel also
                    converts dtypes), concatenation, indexing / gather / scatter (embedding lookups), fills of constants
     element-wise   element-wise and reduction kernels (activations, residual adds, masks, losses, the optimizer's
-                   multi-tensor kernels)
+                   multi-tensor kernels; flashsci's activation_kernel and convert_bias_grad, the linear layers' passes)
     other          everything else
 """
 
@@ -26,7 +26,8 @@ RULES = (
                        "rowwisemoments")),
     ("memory", ("memcpy", "memset", "copy", "catarray", "index_elementwise", "indexselect", "index_select", "gather",
                 "scatter", "fillfunctor", "embedding")),
-    ("element-wise", ("elementwise", "reduce", "multi_tensor_apply", "vectorized", "unrolled")),
+    ("element-wise", ("elementwise", "reduce", "multi_tensor_apply", "vectorized", "unrolled", "activation_kernel",
+                      "convert_bias_grad")),
 )
 
 
