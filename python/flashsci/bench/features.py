@@ -129,7 +129,7 @@ def bench_t5(torch, dtype):
               f"{t['flashsci_nobias']:.1f}, SDPA+bias {t['sdpa_bias']:.1f} ({row['sdpa_bias_tflops']:.0f} TF/s), SDPA "
               f"{t['sdpa_nobias']:.1f} -> {row['speedup_vs_sdpa_bias']:.2f}x vs SDPA+bias, {row['t5_vs_own_nobias']:.2f} of own",
               flush=True)
-        del inputs, bias
+        inputs = bias = None   # freed before the next length's tensors
     return rows
 
 
