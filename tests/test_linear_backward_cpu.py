@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import flashsci
-from test_linear_cpu import ACTS, activate, rand
+from test_linear_cpu import ACTS, activate, rand, tol
 
 ERF = np.vectorize(math.erf)
 
@@ -47,8 +47,7 @@ def reference_swiglu_grads(dy, x, wg, wu):
 
 def close(got, ref, dtype, scale_from):
     """Within a few roundings of dtype at the reference's magnitude (inputs rounded, float64 sums)."""
-    eps = {np.float16: 2.0 ** -10, np.float32: 2.0 ** -23, np.float64: 2.0 ** -52}[dtype]
-    bound = 8 * eps * max(1.0, float(np.abs(scale_from).max())) + 1e-12
+    bound = tol(dtype, scale_from, roundings=8)
     err = float(np.abs(np.asarray(got, np.float64) - ref).max()) if np.size(ref) else 0.0
     assert err <= bound, (err, bound)
 

@@ -35,10 +35,10 @@ def reference_swiglu(x, wg, wu):
     return activate(reference_linear(x, wg), "silu") * reference_linear(x, wu)
 
 
-def tol(dtype, ref):
+def tol(dtype, ref, roundings=2):
     """Rounding of the output dtype at the reference's magnitude (the CPU accumulates in float64)."""
     eps = {np.float16: 2.0 ** -10, np.float32: 2.0 ** -23, np.float64: 2.0 ** -52}[dtype]
-    return 2 * eps * max(1.0, float(np.abs(ref).max())) + 1e-12
+    return roundings * eps * max(1.0, float(np.abs(ref).max())) + 1e-12
 
 
 def rand(rng, shape, dtype):

@@ -8,7 +8,7 @@ import platform
 import time
 
 import flashsci
-from flashsci.bench.results import fmt, slug, write_plot, write_results
+from flashsci.bench.results import fmt, md_table, slug, write_plot, write_results
 from flashsci.bench.timing import (attention_input_sets, flops, paired_kernel_times_us, per_call_turns_us,
                                    with_backend)
 
@@ -135,9 +135,8 @@ def _gpu_markdown(rows, meta):
              "SDPA variant at a time: fs us is its time in the pair with the fastest variant, fs/flash divides its time "
              "in the pair with flash; per-call = back-to-back "
              "Python calls including host overhead; TF/s = 4·B·H·S²·D (half for causal) / kernel time; blocks = "
-             "thread blocks launched (query tiles × KV splits × B·H), waves = blocks / (resident blocks per SM × SMs).", "",
-             "| " + " | ".join(n for n, _ in GPU_COLS) + " |", "|" + "---|" * len(GPU_COLS)]
-    lines += ["| " + " | ".join(_gpu_cells(r)) + " |" for r in rows]
+             "thread blocks launched (query tiles × KV splits × B·H), waves = blocks / (resident blocks per SM × SMs).", ""]
+    lines += md_table([n for n, _ in GPU_COLS], [_gpu_cells(r) for r in rows])
     return "\n".join(lines) + "\n"
 
 

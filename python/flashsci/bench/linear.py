@@ -14,7 +14,7 @@ import math
 import time
 
 import flashsci
-from flashsci.bench.results import fmt, slug, write_plot, write_results
+from flashsci.bench.results import fmt, md_table, slug, write_plot, write_results
 from flashsci.bench.timing import graph_kernel_times_us, per_call_us
 
 M = 8192
@@ -138,7 +138,6 @@ def _markdown(rows, meta):
              f"torch {meta['torch']}, dtype {meta['dtype']}, {meta['date']}. Kernel times by CUDA-graph replay over "
              "input sets larger than L2 (median); speedup = torch time / flashsci time (> 1: flashsci faster), against "
              "the fastest torch variant and each one; TF/s = 2·M·N·K / time (SwiGLU counts both GEMMs); calls = "
-             "back-to-back Python calls.", "",
-             "| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
+             "back-to-back Python calls.", ""]
+    lines += md_table(COLS, [_cells(r) for r in rows])
     return "\n".join(lines) + "\n"

@@ -13,7 +13,7 @@ import math
 import time
 
 import flashsci
-from flashsci.bench.results import fmt, slug, write_results
+from flashsci.bench.results import fmt, md_table, slug, write_results
 from flashsci.bench.timing import event_turns_us
 
 M = 16384
@@ -97,7 +97,6 @@ def _markdown(rows, meta):
              f"torch {meta['torch']}, dtype {meta['dtype']}, {meta['date']}. One step = forward and "
              "torch.autograd.grad for x, weight (and bias); CUDA events around back-to-back steps, flashsci and torch "
              "taking turns, medians of 7 rounds; speedup = torch / flashsci; TF/s = 3 · 2·M·N·K / time (SwiGLU: N = "
-             "2 × the output width); grad diff = max |flashsci − torch| / max |torch| over the gradients.", "",
-             "| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
+             "2 × the output width); grad diff = max |flashsci − torch| / max |torch| over the gradients.", ""]
+    lines += md_table(COLS, [_cells(r) for r in rows])
     return "\n".join(lines) + "\n"

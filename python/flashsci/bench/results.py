@@ -9,6 +9,11 @@ def fmt(x, spec=".1f"):
     return "-" if x is None else format(x, spec)
 
 
+def md_table(cols, cells):
+    """Markdown table lines: a header of the column names cols, then one row per list of cell strings."""
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + ["| " + " | ".join(c) + " |" for c in cells]
+
+
 def slug(name):
     """A device or model name as a file-name part: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA_H100_80GB_HBM3'."""
     return "".join(c if c.isalnum() else "_" for c in name).strip("_")
