@@ -1,10 +1,16 @@
 """Output of flashsci.embed: one safetensors file per shard (`mean` (n, hidden) float32, and for per-residue output
 `residues` (sum of lengths, hidden) in the run's dtype with `offsets` (n + 1,) int64), per-shard index and
-bad-record parts, and a completion record (the file's sha256), written atomically (temporary name, then rename) so that a killed run leaves
-either a finished shard or none; then `index.tsv` (id, length, shard, row, chunked), `bad_records.tsv` and `manifest.json`."""
+bad-record parts, and a completion record (the file's sha256), each written into a scratch folder `.partial/<shard>/`
+and renamed into place, so that a killed run leaves either a finished shard or none; then `index.tsv` (id, length,
+shard, row, chunked), `bad_records.tsv` and `manifest.json`. A scratch folder belongs to the one rank writing its shard
+and is emptied before each use, so whatever a killed writer left there (safetensors' own temporary files included) is
+gone once the shard is redone, and `.partial` itself once the run finishes."""
 import hashlib
 import json
 import os
+import shutil
+
+PARTIAL = ".partial"
 
 
 def shard_name(k):
@@ -33,8 +39,17 @@ def done(out, k):
     return None
 
 
-def _atomic(path, write):
-    tmp = path + ".tmp"
+def _scratch(out, name):
+    """An empty scratch folder out/.partial/name (what a killed writer left there removed)."""
+    d = os.path.join(out, PARTIAL, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    return d
+
+
+def _atomic(scratch, path, write):
+    """write(temporary path) inside scratch, then rename the result to path."""
+    tmp = os.path.join(scratch, os.path.basename(path))
     write(tmp)
     os.replace(tmp, path)
 
@@ -44,23 +59,26 @@ def write_shard(out, k, tensors, rows, bad, meta):
     (id, what was done) to its bad-record part, then the completion record (meta + sha256) last."""
     from safetensors.torch import save_file
     base = os.path.join(out, shard_name(k))
-    _atomic(base + ".safetensors", lambda p: save_file({n: t.contiguous() for n, t in sorted(tensors.items())}, p))
+    scratch = _scratch(out, shard_name(k))
+    _atomic(scratch, base + ".safetensors", lambda p: save_file({n: t.contiguous() for n, t in sorted(tensors.items())}, p))
 
     def index(p):
         with open(p, "w") as f:
             for r, (rid, length, chunked) in enumerate(rows):
                 f.write(f"{rid}\t{length}\t{shard_name(k)}\t{r}\t{'yes' if chunked else 'no'}\n")
-    _atomic(base + ".index.tsv", index)
-    _atomic(base + ".bad.tsv", lambda p: open(p, "w").write("".join(f"{rid}\t{why}\n" for rid, why in bad)))
+    _atomic(scratch, base + ".index.tsv", index)
+    _atomic(scratch, base + ".bad.tsv", lambda p: open(p, "w").write("".join(f"{rid}\t{why}\n" for rid, why in bad)))
     rec = dict(meta, shard=shard_name(k), records=len(rows), sha256=sha256(base + ".safetensors"))
-    _atomic(base + ".json", lambda p: open(p, "w").write(json.dumps(rec, sort_keys=True)))
+    _atomic(scratch, base + ".json", lambda p: open(p, "w").write(json.dumps(rec, sort_keys=True)))
+    shutil.rmtree(scratch, ignore_errors=True)
     return rec
 
 
 def finish(out, n_shards, manifest):
     """index.tsv (every shard's rows in shard order), bad_records.tsv (shard, id, what was done) and manifest.json
-    (manifest + the shards' records)."""
+    (manifest + the shards' records); then the scratch folders go."""
     shards = []
+    scratch = _scratch(out, "final")
 
     def index(p):
         with open(p, "w") as f:
@@ -70,7 +88,7 @@ def finish(out, n_shards, manifest):
                     f.write(part.read())
                 with open(os.path.join(out, shard_name(k) + ".json")) as rec:
                     shards.append(json.load(rec))
-    _atomic(os.path.join(out, "index.tsv"), index)
+    _atomic(scratch, os.path.join(out, "index.tsv"), index)
 
     def bad(p):
         with open(p, "w") as f:
@@ -78,6 +96,7 @@ def finish(out, n_shards, manifest):
             for k in range(n_shards):
                 with open(os.path.join(out, shard_name(k) + ".bad.tsv")) as part:
                     f.write("".join(f"{shard_name(k)}\t{line}" for line in part))
-    _atomic(os.path.join(out, "bad_records.tsv"), bad)
+    _atomic(scratch, os.path.join(out, "bad_records.tsv"), bad)
     body = dict(manifest, shards=shards)
-    _atomic(os.path.join(out, "manifest.json"), lambda p: open(p, "w").write(json.dumps(body, indent=1, sort_keys=True)))
+    _atomic(scratch, os.path.join(out, "manifest.json"), lambda p: open(p, "w").write(json.dumps(body, indent=1, sort_keys=True)))
+    shutil.rmtree(os.path.join(out, PARTIAL), ignore_errors=True)
