@@ -122,10 +122,21 @@ static int int_pair(PyObject *obj, const char *what, int *a, int *b)
                      Py_TYPE(obj)->tp_name);
         return -1;
     }
-    if (!PyArg_ParseTuple(obj, "ii", a, b)) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "flashsci.Array.__dlpack__: %s must be a tuple of two ints, got %R", what, obj);
-        return -1;
+    int *const out[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        PyObject *x = PyTuple_GET_ITEM(obj, i);
+        if (!PyLong_Check(x)) {
+            PyErr_Format(PyExc_TypeError, "flashsci.Array.__dlpack__: %s must be a tuple of two ints, got %R", what, obj);
+            return -1;
+        }
+        int overflow = 0;
+        const long v = PyLong_AsLongAndOverflow(x, &overflow);
+        if (v == -1 && PyErr_Occurred()) return -1;
+        if (overflow || v < INT_MIN || v > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "flashsci.Array.__dlpack__: %s %R is out of range", what, obj);
+            return -1;
+        }
+        *out[i] = (int)v;
     }
     return 0;
 }
@@ -138,6 +149,10 @@ static PyObject *array_dlpack(PyObject *self, PyObject *args, PyObject *kwargs)
     fs_array *a = (fs_array *)self;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kwlist, &stream, &max_version, &dl_device, &copy))
         return NULL;
+    if (copy != Py_None && !PyBool_Check(copy)) {
+        PyErr_Format(PyExc_TypeError, "flashsci.Array.__dlpack__: copy must be None or a bool, got %.100s", Py_TYPE(copy)->tp_name);
+        return NULL;
+    }
     if (copy == Py_True) {
         PyErr_SetString(PyExc_BufferError, "flashsci.Array.__dlpack__: copy=True is not supported (the export is zero-copy)");
         return NULL;
@@ -150,9 +165,20 @@ static PyObject *array_dlpack(PyObject *self, PyObject *args, PyObject *kwargs)
             return NULL;
         }
     }
-    if (a->is_cuda && stream != Py_None) { /* make the consumer's stream wait for the producing one */
-        long long s = PyLong_AsLongLong(stream);
+    if (a->is_cuda && stream != Py_None) { /* make the consumer's stream wait for the producing one (-1: no wait) */
+        if (!PyLong_Check(stream)) {
+            PyErr_Format(PyExc_TypeError, "flashsci.Array.__dlpack__: stream must be None or an int, got %.100s",
+                         Py_TYPE(stream)->tp_name);
+            return NULL;
+        }
+        int overflow = 0;
+        const long long s = PyLong_AsLongLongAndOverflow(stream, &overflow);
         if (s == -1 && PyErr_Occurred()) return NULL;
+        if (overflow || s < -1) {
+            PyErr_Format(PyExc_ValueError, "flashsci.Array.__dlpack__: stream must be None, -1 or a CUDA stream handle "
+                         "(an int in [0, 2**63)), got %R", stream);
+            return NULL;
+        }
         if (s != -1 && fs_gpu_stream_wait((uintptr_t)s, a->stream, a->device) < 0) return NULL;
     }
     int versioned = 0;

@@ -284,24 +284,23 @@ PyObject *fs_attention_varlen_backward(PyObject *module, PyObject *args, PyObjec
                              "deterministic", "stream", NULL};
     fs_state *st = fs_get_state(module);
     bwd_args a;
-    PyObject *scale = Py_None, *t5 = Py_None, *rotary = Py_None, *cq, *ck, *result = NULL;
+    PyObject *scale = Py_None, *t5 = Py_None, *rotary = Py_None, *cq, *ck, *mq, *mk, *result = NULL;
     long long max_q, max_k;
     fs_tensor t[T_COUNT];
     uintptr_t stream = 0;
     memset(&a, 0, sizeof a);
     memset(t, 0, sizeof t);
     a.dq = a.dk = a.dv = a.stream = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOLL|$pOOOOOOppO:attention_varlen_backward", kwlist, &a.dout,
-                                     &a.q, &a.k, &a.v, &a.out, &a.lse, &cq, &ck, &max_q, &max_k, &a.opt.causal, &scale,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOO|$pOOOOOOppO:attention_varlen_backward", kwlist, &a.dout,
+                                     &a.q, &a.k, &a.v, &a.out, &a.lse, &cq, &ck, &mq, &mk, &a.opt.causal, &scale,
                                      &t5, &rotary, &a.dq, &a.dk, &a.dv, &a.t5_grad, &a.deterministic, &a.stream))
         return NULL;
     PyObject **opt_args[] = {&a.dq, &a.dk, &a.dv, &a.stream};
     for (size_t i = 0; i < sizeof opt_args / sizeof *opt_args; i++)
         if (*opt_args[i] == Py_None) *opt_args[i] = NULL;
     if (parse_common(scale, rotary, t5, &a) < 0) return NULL;
-    if (max_q < 0 || max_k < 0 || max_q > FS_MAX_DIM || max_k > FS_MAX_DIM)
-        return PyErr_Format(PyExc_ValueError, "max_seqlen_q and max_seqlen_k must be in [0, 2**30], got %lld and %lld",
-                            max_q, max_k);
+    if (fs_parse_max_seqlen(mq, "max_seqlen_q", &max_q) < 0 || fs_parse_max_seqlen(mk, "max_seqlen_k", &max_k) < 0)
+        return NULL;
     if (import_common(st, &a, t, &stream) < 0) goto done;
     fs_tensor *const qkv[3] = {&t[T_Q], &t[T_K], &t[T_V]};
     char b1[160], b2[160];

@@ -309,13 +309,16 @@ int fs_parse_t5(PyObject *t5, fs_t5_args *a)
                          Py_TYPE(PyTuple_GET_ITEM(t5, i))->tp_name);
             return -1;
         }
-    const long nb = PyLong_AsLong(PyTuple_GET_ITEM(t5, 1)), md = PyLong_AsLong(PyTuple_GET_ITEM(t5, 2));
+    int over_nb = 0, over_md = 0;     /* an int past a C long is out of range below, whatever its sign */
+    const long nb = PyLong_AsLongAndOverflow(PyTuple_GET_ITEM(t5, 1), &over_nb);
+    const long md = PyLong_AsLongAndOverflow(PyTuple_GET_ITEM(t5, 2), &over_md);
     if (PyErr_Occurred()) return -1;
     if ((a->bidirectional = PyObject_IsTrue(PyTuple_GET_ITEM(t5, 3))) < 0) return -1;
     const long max_exact = (a->bidirectional ? nb / 2 : nb) / 2;
-    if (nb < 2 || nb > 1 << 16 || max_exact < 1 || md <= max_exact || md > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "t5_bias: need num_buckets >= %d and max_distance > num_buckets%s / 2 (T5 uses 32, 128), "
-                     "got num_buckets=%ld, max_distance=%ld", a->bidirectional ? 4 : 2, a->bidirectional ? " / 2" : "", nb, md);
+    if (over_nb || over_md || nb < 2 || nb > 1 << 16 || max_exact < 1 || md <= max_exact || md > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "t5_bias: need num_buckets in [%d, 65536] and max_distance in (num_buckets%s / 2, "
+                     "2**31) (T5 uses 32, 128), got num_buckets=%R, max_distance=%R", a->bidirectional ? 4 : 2,
+                     a->bidirectional ? " / 2" : "", PyTuple_GET_ITEM(t5, 1), PyTuple_GET_ITEM(t5, 2));
         return -1;
     }
     a->buckets = (int)nb;
@@ -463,6 +466,17 @@ int fs_check_keys(int64_t keys, fs_dtype dtype, const char *what)
     return 0;
 }
 
+/* obj as a double; an int too large for one reads as infinity (the callers then refuse it as not finite). */
+static int as_double(PyObject *obj, double *x)
+{
+    *x = PyFloat_AsDouble(obj);
+    if (*x != -1.0 || !PyErr_Occurred()) return 0;
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+    PyErr_Clear();
+    *x = INFINITY;
+    return 0;
+}
+
 /* scale=: None (1/sqrt(D)) or a finite real number. */
 int fs_parse_scale(PyObject *obj, int *has_scale, double *scale)
 {
@@ -471,8 +485,7 @@ int fs_parse_scale(PyObject *obj, int *has_scale, double *scale)
         PyErr_Format(PyExc_TypeError, "scale must be a float or None, got %.100s", Py_TYPE(obj)->tp_name);
         return -1;
     }
-    *scale = PyFloat_AsDouble(obj);
-    if (*scale == -1.0 && PyErr_Occurred()) return -1;
+    if (as_double(obj, scale) < 0) return -1;
     if (!isfinite(*scale)) {
         PyErr_Format(PyExc_ValueError, "scale must be finite, got %R", obj);
         return -1;
@@ -495,14 +508,34 @@ int fs_parse_rotary(PyObject *obj, int *on, float *base)
         PyErr_Format(PyExc_TypeError, "rotary must be None, True or a base (float), got %.100s", Py_TYPE(obj)->tp_name);
         return -1;
     }
-    const double b = PyFloat_AsDouble(obj);
-    if (b == -1.0 && PyErr_Occurred()) return -1;
+    double b;
+    if (as_double(obj, &b) < 0) return -1;
     if (!isfinite(b) || b <= 1.0) {
         PyErr_Format(PyExc_ValueError, "rotary base must be a finite number above 1, got %R", obj);
         return -1;
     }
     *on = 1;
     *base = (float)b;
+    return 0;
+}
+
+/* max_seqlen_q=, max_seqlen_k=: an int in [0, 2**30]. */
+int fs_parse_max_seqlen(PyObject *obj, const char *name, long long *value)
+{
+    if (!PyIndex_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, got %.100s", name, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyObject *i = PyNumber_Index(obj);
+    if (!i) return -1;
+    int overflow = 0;
+    *value = PyLong_AsLongLongAndOverflow(i, &overflow);
+    Py_DECREF(i);
+    if (*value == -1 && PyErr_Occurred()) return -1;
+    if (overflow || *value < 0 || *value > FS_MAX_DIM) {
+        PyErr_Format(PyExc_ValueError, "%s must be in [0, 2**30], got %R", name, obj);
+        return -1;
+    }
     return 0;
 }
 

@@ -120,6 +120,7 @@ int fs_parse_scale(PyObject *obj, int *has_scale, double *scale);
 int fs_check_scale(double scale, fs_dtype dtype);          /* finite in the precision dtype computes in */
 int fs_check_keys(int64_t keys, fs_dtype dtype, const char *what); /* at most FS_MAX_KEYS unless float64 */
 int fs_parse_rotary(PyObject *obj, int *on, float *base);
+int fs_parse_max_seqlen(PyObject *obj, const char *name, long long *value);
 int fs_check_rotary(int on, int64_t D);
 extern const char *const fs_qkv_names[3];
 int fs_check_out(const fs_tensor *o, fs_tensor *const *t, const char *const *names, int n, const int64_t *shape,

@@ -26,7 +26,16 @@ static PyObject *device_info(PyObject *module, PyObject *const *args, Py_ssize_t
     (void)module;
     int device = 0;
     if (nargs > 1) return PyErr_Format(PyExc_TypeError, "device_info() takes at most 1 argument (%zd given)", nargs);
-    if (nargs == 1 && (device = (int)PyLong_AsLong(args[0])) == -1 && PyErr_Occurred()) return NULL;
+    if (nargs == 1) {
+        if (!PyLong_Check(args[0]) || PyBool_Check(args[0]))
+            return PyErr_Format(PyExc_TypeError, "device_info: device must be an int, got %.100s", Py_TYPE(args[0])->tp_name);
+        int overflow = 0;
+        const long d = PyLong_AsLongAndOverflow(args[0], &overflow);
+        if (d == -1 && PyErr_Occurred()) return NULL;
+        if (overflow || d < INT_MIN || d > INT_MAX)
+            return PyErr_Format(PyExc_ValueError, "flashsci: CUDA device %R is out of range", args[0]);
+        device = (int)d;
+    }
     fs_gpu_props p;
     if (fs_gpu_props_get(device, &p) < 0) return NULL;
     return Py_BuildValue("{s:s,s:(ii),s:i,s:n}", "name", p.name, "capability", p.major, p.minor, "sm_count",

@@ -7,7 +7,7 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
     static char *kwlist[] = {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "causal",
                              "scale", "out", "return_lse", "stream", "t5_bias", "rotary", NULL};
     fs_state *st = fs_get_state(module);
-    PyObject *q, *k, *v, *cq, *ck, *scale = Py_None, *out_arg = Py_None, *stream_arg = Py_None, *t5_arg = Py_None,
+    PyObject *q, *k, *v, *cq, *ck, *mq, *mk, *scale = Py_None, *out_arg = Py_None, *stream_arg = Py_None, *t5_arg = Py_None,
              *rotary_arg = Py_None;
     PyObject *out = NULL, *lse = NULL, *result = NULL;
     long long max_q, max_k;
@@ -20,16 +20,14 @@ PyObject *fs_attention_varlen(PyObject *module, PyObject *args, PyObject *kwargs
     uintptr_t stream = 0;
     for (int i = 0; i < 7; i++) memset(all[i], 0, sizeof *all[i]);
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOLL|$pOOpOOO:attention_varlen", kwlist, &q, &k, &v, &cq, &ck, &max_q,
-                                     &max_k, &opt.causal, &scale, &out_arg, &return_lse, &stream_arg, &t5_arg, &rotary_arg))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO|$pOOpOOO:attention_varlen", kwlist, &q, &k, &v, &cq, &ck, &mq,
+                                     &mk, &opt.causal, &scale, &out_arg, &return_lse, &stream_arg, &t5_arg, &rotary_arg))
         return NULL;
     if (fs_parse_scale(scale, &opt.has_scale, &opt.scale) < 0) return NULL;
     if (t5_arg != Py_None && fs_parse_t5(t5_arg, &t5) < 0) return NULL;
     if (fs_parse_rotary(rotary_arg, &opt.rotary, &opt.rotary_base) < 0) return NULL;
-    if (max_q < 0 || max_k < 0 || max_q > FS_MAX_DIM || max_k > FS_MAX_DIM) {
-        PyErr_Format(PyExc_ValueError, "max_seqlen_q and max_seqlen_k must be in [0, 2**30], got %lld and %lld", max_q, max_k);
+    if (fs_parse_max_seqlen(mq, "max_seqlen_q", &max_q) < 0 || fs_parse_max_seqlen(mk, "max_seqlen_k", &max_k) < 0)
         return NULL;
-    }
     if (stream_arg != Py_None && fs_parse_stream(st, stream_arg, &stream) < 0) return NULL;
     if (fs_tensor_import(st, q, "q", stream, FS_ROUTE_AUTO, FS_FLOATS, &tq) < 0) goto done;
     if (stream_arg == Py_None && tq.is_cuda && tq.source == FS_SRC_TORCH && fs_torch_current_stream(st, tq.device, &stream) < 0)

@@ -252,6 +252,15 @@ class TestVarlen:
         dq, dk, dv = flashsci.attention_varlen_backward(dout, q, k, k, out, lse, cq, ck, 4, 5)
         assert (dq[:3] == 0).all() and np.isfinite(dq).all() and np.isfinite(dk).all()
 
+    def test_max_seqlen_arguments(self):
+        q = self.pack([3, 4], 2, 8)
+        cu = np.array([0, 3, 7], np.int32)
+        out, lse = flashsci.attention_varlen(q, q, q, cu, cu, 4, 4, return_lse=True)
+        with pytest.raises(ValueError, match=r"max_seqlen_k must be in \[0, 2\*\*30\], got -9223372036854775809"):
+            flashsci.attention_varlen_backward(out, q, q, q, out, lse, cu, cu, 4, -2**63 - 1)
+        with pytest.raises(TypeError, match="max_seqlen_q must be an int, got str"):
+            flashsci.attention_varlen_backward(out, q, q, q, out, lse, cu, cu, "4", 4)
+
 
 class TestErrors:
     q = RNG.standard_normal((1, 2, 8, 16))

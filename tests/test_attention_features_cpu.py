@@ -234,8 +234,13 @@ class TestFeatureErrors:
             self.call(t5_bias=np.ones((3, 32), np.float32))
 
     def test_t5_numbers(self):
-        with pytest.raises(ValueError, match="t5_bias: need num_buckets >= 4 and max_distance > num_buckets / 2 / 2"):
+        with pytest.raises(ValueError, match=r"t5_bias: need num_buckets in \[4, 65536\] and max_distance in "
+                                             r"\(num_buckets / 2 / 2, 2\*\*31\) .*got num_buckets=32, max_distance=8"):
             self.call(t5_bias=(np.ones((3, 32), np.float32), 32, 8, True))
+        with pytest.raises(ValueError, match="got num_buckets=32, max_distance=18446744073709551616"):   # past a C long
+            self.call(t5_bias=(np.ones((3, 32), np.float32), 32, 2**64, True))
+        with pytest.raises(ValueError, match=r"num_buckets in \[2, 65536\].*got num_buckets=-18446744073709551616"):
+            self.call(t5_bias=(np.ones((3, 32), np.float32), -2**64, 128, False))
         with pytest.raises(TypeError, match="t5_bias: num_buckets must be an int"):
             self.call(t5_bias=(np.ones((3, 32), np.float32), 32.0, 128, True))
 

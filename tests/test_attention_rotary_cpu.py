@@ -83,3 +83,5 @@ def test_rotary_errors():
         flashsci.attention(q, q, q, rotary="esm")
     with pytest.raises(ValueError, match="rotary base must be a finite number above 1"):
         flashsci.attention(q, q, q, rotary=0.5)
+    with pytest.raises(ValueError, match="rotary base must be a finite number above 1"):
+        flashsci.attention(q, q, q, rotary=10**400)   # too large for a double

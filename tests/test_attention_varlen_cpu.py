@@ -101,10 +101,15 @@ class TestVarlenErrors:
             self.call(mq=6)
 
     def test_max_seqlen_range(self):
-        with pytest.raises(ValueError, match=r"max_seqlen_q and max_seqlen_k must be in \[0, 2\*\*30\]"):
+        with pytest.raises(ValueError, match=r"max_seqlen_q must be in \[0, 2\*\*30\], got -1"):
             self.call(mq=-1)
-        with pytest.raises(ValueError, match=r"max_seqlen_q and max_seqlen_k must be in \[0, 2\*\*30\]"):
+        with pytest.raises(ValueError, match=r"max_seqlen_k must be in \[0, 2\*\*30\], got 2147483648"):
             self.call(mk=2**31)
+        with pytest.raises(ValueError, match=r"max_seqlen_q must be in \[0, 2\*\*30\], got 9223372036854775808"):
+            self.call(mq=2**63)   # past a C long long: a ValueError too, not an OverflowError
+        with pytest.raises(TypeError, match="max_seqlen_k must be an int, got float"):
+            self.call(mk=6.0)
+        assert self.call(mq=np.int64(7)) is not None   # NumPy integers are ints
 
     def test_entries_mismatch(self):
         with pytest.raises(ValueError, match="cu_seqlens_q has 3 entries but cu_seqlens_k has 4"):

@@ -1,6 +1,7 @@
 """flashsci.batching: token-budget batches (pure Python) and embed() on a small HF model (needs torch)."""
 import random
 
+import numpy as np
 import pytest
 
 from flashsci.batching import pad_batch, token_batches
@@ -30,6 +31,11 @@ def test_token_batches_edges():
         token_batches([1, -1], 8)
     with pytest.raises(ValueError, match="max_batch must be at least 1 or None, got 0"):
         token_batches([1], 8, max_batch=0)
+    assert token_batches(np.array([3, 1, 2]), np.int32(4)) == [[0], [2, 1]]   # NumPy integers are ints
+    with pytest.raises(TypeError, match="each length must be an int, got float 1.5"):   # not cut to 1
+        token_batches([1.5, 2], 8)
+    with pytest.raises(TypeError, match="max_tokens must be an int, got float inf"):
+        token_batches([1], float("inf"))
 
 
 def test_pad_batch():

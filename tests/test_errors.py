@@ -219,14 +219,18 @@ def test_arguments():
         flashsci.attention(q, k, v, scale="0.1")
     with pytest.raises(ValueError, match="scale must be finite"):
         flashsci.attention(q, k, v, scale=float("nan"))
+    with pytest.raises(ValueError, match=r"scale must be finite, got 1000000\d+"):   # too large for a double
+        flashsci.attention(q, k, v, scale=10**400)
 
 
 def test_stream_arguments():
     q, k, v = qkv()
     with pytest.raises(TypeError, match="stream: expected an int CUDA stream handle"):
         flashsci.attention(q, k, v, stream="s")
-    with pytest.raises(ValueError, match="cannot be negative"):
+    with pytest.raises(ValueError, match=r"a CUDA stream handle is a pointer in \[0, 2\*\*63\), got -5"):
         flashsci.attention(q, k, v, stream=-5)
+    with pytest.raises(ValueError, match=r"a CUDA stream handle is a pointer in \[0, 2\*\*63\), got 9223372036854775808"):
+        flashsci.attention(q, k, v, stream=2**63)
     with pytest.raises(ValueError, match="stream= applies to CUDA inputs"):
         flashsci.attention(q, k, v, stream=0)
 

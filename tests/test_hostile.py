@@ -98,6 +98,14 @@ class TestArrayExport:
         with pytest.raises(TypeError, match="must be a tuple of two ints"):
             a.__dlpack__(**kw)
 
+    def test_bad_values(self):
+        a = self.array()
+        with pytest.raises(ValueError, match=r"max_version \(9223372036854775808, 0\) is out of range"):
+            a.__dlpack__(max_version=(2**63, 0))
+        with pytest.raises(TypeError, match="copy must be None or a bool, got str"):
+            a.__dlpack__(copy="no")
+        assert a.__dlpack__(copy=False) is not None
+
 
 class TestCudaArrayInterface:
     def test_a_raising_property_keeps_its_exception(self):
@@ -224,3 +232,15 @@ def test_wording_follows_the_framework():
 def test_no_driver_message():
     with pytest.raises(RuntimeError, match="no CUDA driver or GPU was found"):
         flashsci.device_info(0)
+
+
+def test_device_index_arguments():
+    """A device index that is not an int, or does not fit one, is refused before any CUDA call (2**32 once read as
+    device 0)."""
+    with pytest.raises(TypeError, match="device_info: device must be an int, got str"):
+        flashsci.device_info("0")
+    with pytest.raises(TypeError, match="device must be an int, got bool"):
+        flashsci.device_info(True)
+    for bad in (2**32, 2**64, -2**63 - 1):
+        with pytest.raises(ValueError, match=f"CUDA device {bad} is out of range"):
+            flashsci.device_info(bad)

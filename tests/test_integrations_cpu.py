@@ -173,6 +173,9 @@ def test_t5_hidden_states_fallback():
 def test_patch_errors():
     with pytest.raises(TypeError, match="ESM .* or T5 encoder .* got Linear"):
         patch(torch.nn.Linear(4, 4))
+    for call in (patch, unpatch, is_patched):   # a model name is not a model
+        with pytest.raises(TypeError, match="takes a torch.nn.Module .* got str"):
+            call("facebook/esm2_t33_650M_UR50D")
     model = t5("gated-gelu")
     model.config.dense_act_fn = "tanh"
     with pytest.raises(ValueError, match="activations .* got 'tanh'"):

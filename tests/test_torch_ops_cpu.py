@@ -233,3 +233,27 @@ def test_plain_linear_refuses_parameters_while_recording():
         flashsci.swiglu(x, w.detach(), w)
     with torch.no_grad():
         assert flashsci.linear(x, w, b).shape == (4, 8)
+
+
+def test_wrong_argument_types_are_type_errors():
+    """The differentiable wrappers name an argument of the wrong type in a TypeError, as torch's own functions do,
+    instead of the dispatcher's RuntimeError or an AttributeError from inside the op."""
+    q, k, v = qkv(1, 2, 8, 16)
+    x, w = torch.randn(4, 16), torch.randn(8, 16)
+    cases = [(lambda: flashsci.torch_ops.attention(q, None, v), r"attention: k must be a torch.Tensor, got NoneType"),
+             (lambda: flashsci.torch_ops.attention(q, k, v, causal=1), r"causal must be a bool, got int"),
+             (lambda: flashsci.torch_ops.attention(q, k, v, scale="0.1"), r"scale must be a float or None, got str"),
+             (lambda: flashsci.torch_ops.attention(q, k, v, bias=0.0), r"bias must be a torch.Tensor or None, got float"),
+             (lambda: flashsci.torch_ops.attention(q, k, v, t5_num_buckets=True), r"t5_num_buckets must be an int, got bool"),
+             (lambda: flashsci.torch_ops.attention_varlen(*varlen_args()[:5], 12.0, 12),
+              r"attention_varlen: max_seqlen_q must be an int, got float"),
+             (lambda: flashsci.torch_ops.linear(x, w.numpy()), r"linear: weight must be a torch.Tensor, got ndarray"),
+             (lambda: flashsci.torch_ops.linear(x, w, activation=torch.tensor(1)), r"activation must be a str or None"),
+             (lambda: flashsci.torch_ops.swiglu([1.0], w), r"swiglu: x must be a torch.Tensor, got list")]
+    for call, message in cases:
+        with pytest.raises(TypeError, match=message):
+            call()
+    with pytest.raises(ValueError, match=r"max_seqlen_k must fit 64 bits, got 9223372036854775808"):
+        flashsci.torch_ops.attention_varlen(*varlen_args()[:6], 2**63)
+    with pytest.raises(ValueError, match="w_gate must be 2-D"):   # the C function's message, not an IndexError
+        flashsci.torch_ops.swiglu(x.requires_grad_(), torch.tensor(1.0))

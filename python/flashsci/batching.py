@@ -5,19 +5,29 @@ protein's embedding back in input order.
     from flashsci.batching import embed, token_batches
     vecs = embed(model.esm, sequences, tokenize, max_tokens=16384, pool="mean", special=(1, 1))
 """
+import operator
+
 import numpy as np
+
+
+def _int(value, what):
+    """value as an int (Python or NumPy integers); TypeError naming what for anything else (a float is not cut)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}") from None
 
 
 def token_batches(lengths, max_tokens=16384, max_batch=None):
     """Indices into lengths grouped into batches, longest first: each batch's padded size (count × its longest
     length) is at most max_tokens, and at most max_batch sequences; a sequence longer than max_tokens gets a
     batch of its own. Ties keep input order, so the result is deterministic."""
-    lengths = [int(n) for n in lengths]
+    lengths = [_int(n, "each length") for n in lengths]
     if any(n < 0 for n in lengths):
         raise ValueError(f"lengths must be non-negative, got {min(lengths)}")
-    if int(max_tokens) < 1:
+    if _int(max_tokens, "max_tokens") < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    if max_batch is not None and int(max_batch) < 1:
+    if max_batch is not None and _int(max_batch, "max_batch") < 1:
         raise ValueError(f"max_batch must be at least 1 or None, got {max_batch}")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches, current = [], []

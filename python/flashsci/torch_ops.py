@@ -34,6 +34,25 @@ def _plain(x):
     return None if x is None else x.detach()
 
 
+_KINDS = {"Tensor": ((Tensor,), "a torch.Tensor"), "bool": ((bool, torch.SymBool), "a bool"),
+          "int": ((int, torch.SymInt), "an int"), "float": ((int, float, torch.SymInt, torch.SymFloat), "a float"),
+          "str": ((str,), "a str")}
+
+
+def _check(where, **args):
+    """TypeError naming the first argument of a wrong type, as torch's own functions raise it; args: name=(value,
+    kind), kind as the op's schema writes it ("Tensor", "Tensor?", "bool", "float?", ...; bool is not an int here)."""
+    for name, (value, kind) in args.items():
+        types, words = _KINDS[kind.rstrip("?")]
+        if value is None and kind.endswith("?"):
+            continue
+        if not isinstance(value, types) or (isinstance(value, bool) and kind.rstrip("?") != "bool"):
+            raise TypeError(f"flashsci.torch_ops.{where}: {name} must be {words}{' or None' if kind.endswith('?') else ''}, "
+                            f"got {type(value).__name__}")
+        if type(value) is int and not -2**63 <= value < 2**63:     # what the op's schema (int64) can carry
+            raise ValueError(f"flashsci.torch_ops.{where}: {name} must fit 64 bits, got {value}")
+
+
 def _row_contiguous(x):
     """x with a contiguous last dim (a gradient may come broadcast, stride 0)."""
     return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
@@ -138,6 +157,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Opti
               t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32, t5_max_distance: int = 128,
               t5_bidirectional: bool = True, rotary_base: Optional[float] = None) -> Tensor:
     """flashsci.attention, differentiable in q, k, v, bias and the T5 table (see the README for the arguments)."""
+    _check("attention", q=(q, "Tensor"), k=(k, "Tensor"), v=(v, "Tensor"), causal=(causal, "bool"), scale=(scale, "float?"),
+           layout=(layout, "str"), key_padding_mask=(key_padding_mask, "Tensor?"), seqlens=(seqlens, "Tensor?"),
+           bias=(bias, "Tensor?"), t5_table=(t5_table, "Tensor?"), t5_num_buckets=(t5_num_buckets, "int"),
+           t5_max_distance=(t5_max_distance, "int"), t5_bidirectional=(t5_bidirectional, "bool"),
+           rotary_base=(rotary_base, "float?"))
     return attention_fwd(q, k, v, causal, scale, layout, key_padding_mask, seqlens, bias, t5_table, t5_num_buckets,
                          t5_max_distance, t5_bidirectional, rotary_base)[0]
 
@@ -221,6 +245,11 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
                      t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32, t5_max_distance: int = 128,
                      t5_bidirectional: bool = True, rotary_base: Optional[float] = None) -> Tensor:
     """flashsci.attention_varlen on packed (total, H, D) sequences, differentiable in q, k, v and the T5 table."""
+    _check("attention_varlen", q=(q, "Tensor"), k=(k, "Tensor"), v=(v, "Tensor"), cu_seqlens_q=(cu_seqlens_q, "Tensor"),
+           cu_seqlens_k=(cu_seqlens_k, "Tensor"), max_seqlen_q=(max_seqlen_q, "int"), max_seqlen_k=(max_seqlen_k, "int"),
+           causal=(causal, "bool"), scale=(scale, "float?"), t5_table=(t5_table, "Tensor?"),
+           t5_num_buckets=(t5_num_buckets, "int"), t5_max_distance=(t5_max_distance, "int"),
+           t5_bidirectional=(t5_bidirectional, "bool"), rotary_base=(rotary_base, "float?"))
     return attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, t5_table,
                                 t5_num_buckets, t5_max_distance, t5_bidirectional, rotary_base)[0]
 
@@ -259,7 +288,7 @@ def linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activat
     """flashsci.linear as a torch op: (y, h), h = x @ weight.T + bias when kept for the backward (_keeps_h), else
     empty."""
     x, weight, bias = x.detach(), weight.detach(), _plain(bias)
-    if not _keeps_h(activation, keep_preactivation):
+    if not _keeps_h(activation, keep_preactivation) or weight.dim() != 2:   # (a weight not 2-D: the C function says so)
         return _flashsci.linear(x, weight, bias, activation=activation), x.new_empty(0)
     h = x.new_empty((*x.shape[:-1], weight.shape[0]))
     return _flashsci.linear(x, weight, bias, activation=activation, preactivation=h), h
@@ -312,6 +341,7 @@ torch.library.register_autograd("flashsci::linear_fwd", _linear_backward, setup_
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None) -> Tensor:
     """act(x @ weight.T + bias) by flashsci.linear, differentiable in x, weight and bias."""
+    _check("linear", x=(x, "Tensor"), weight=(weight, "Tensor"), bias=(bias, "Tensor?"), activation=(activation, "str?"))
     return linear_fwd(x, weight, bias, activation, needs_grad(x, weight, bias))[0]
 
 
@@ -320,7 +350,7 @@ def swiglu_fwd(x: Tensor, w_gate: Tensor, w_up: Optional[Tensor] = None,
                keep_preactivation: bool = False) -> tuple[Tensor, Tensor]:
     """flashsci.swiglu as a torch op: (y, h), h = (x @ w_gate.T | x @ w_up.T) when kept for the backward."""
     x, w_gate, w_up = x.detach(), w_gate.detach(), _plain(w_up)
-    if not keep_preactivation:
+    if not keep_preactivation or w_gate.dim() != 2:   # (a weight not 2-D: the C function says so)
         return _flashsci.swiglu(x, w_gate, w_up), x.new_empty(0)
     h = x.new_empty((*x.shape[:-1], w_gate.shape[0] * (2 if w_up is not None else 1)))
     return _flashsci.swiglu(x, w_gate, w_up, preactivation=h), h
@@ -366,6 +396,7 @@ torch.library.register_autograd("flashsci::swiglu_fwd", _swiglu_backward, setup_
 
 def swiglu(x: Tensor, w_gate: Tensor, w_up: Optional[Tensor] = None) -> Tensor:
     """silu(x @ w_gate.T) * (x @ w_up.T) by flashsci.swiglu (or a packed [2N, K] w_gate), differentiable."""
+    _check("swiglu", x=(x, "Tensor"), w_gate=(w_gate, "Tensor"), w_up=(w_up, "Tensor?"))
     return swiglu_fwd(x, w_gate, w_up, needs_grad(x, w_gate, w_up))[0]
 
 

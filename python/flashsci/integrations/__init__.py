@@ -69,6 +69,9 @@ def _targets(model):
     from transformers.models.esm.modeling_esm import EsmModel
     from transformers.models.t5.modeling_t5 import T5Stack
     esmc_module = sys.modules.get("esm.models.esmc")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"flashsci.integrations takes a torch.nn.Module (an HF transformers ESM or T5 model, or ESMC), "
+                        f"got {type(model).__name__}")
     found = []
     for m in model.modules():
         if esmc_module is not None and isinstance(m, esmc_module.ESMC):
