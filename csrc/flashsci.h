@@ -102,35 +102,39 @@ int fs_check_aux(const fs_tensor *x, const char *name, const fs_tensor *q);
 int fs_is_contiguous(const fs_tensor *t);
 PyObject *fs_new_output(fs_state *st, const fs_tensor *q, int ndim, const int64_t *shape, fs_dtype dtype,
                         uintptr_t stream, char **data);
-
-int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout);
-/* (B, H, S, D) positions of a 4-D tensor's dimensions in layout bshd (1) or bhsd (0). */
-void fs_layout_dims(int bshd, int *ib, int *ih, int *is);
-/* q, k, v of the padded entry points (4-D in the layout): fs_check_qkv, then matching B and D, heads, lengths. */
-int fs_check_padded_qkv(int bshd, fs_tensor *const t[3]);
-/* The optional arrays of attention, checked against p (sizes) and filled into out's fields. */
-int fs_check_kpm(const fs_tensor *m, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out);
-int fs_check_seqlens(const fs_tensor *l, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out);
-int fs_check_bias(const fs_tensor *x, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out);
-/* cu_seqlens: int32 (B + 1,); on the CPU also its values against total tokens and max_seqlen. */
-int fs_check_cu_seqlens(const fs_tensor *c, const char *name, const fs_tensor *q, int64_t total, long long max_seqlen);
-int fs_check_kv_heads(fs_tensor *const t[3], int ih);
-int fs_kv_group(int64_t hq, int64_t hk, int64_t k_sh, int64_t v_sh);
-int fs_parse_scale(PyObject *obj, int *has_scale, double *scale);
-int fs_check_scale(double scale, fs_dtype dtype);          /* finite in the precision dtype computes in */
-int fs_check_keys(int64_t keys, fs_dtype dtype, const char *what); /* at most FS_MAX_KEYS unless float64 */
-int fs_parse_rotary(PyObject *obj, int *on, float *base);
-int fs_parse_max_seqlen(PyObject *obj, const char *name, long long *value);
-int fs_check_rotary(int on, int64_t D);
-extern const char *const fs_qkv_names[3];
 int fs_check_out(const fs_tensor *o, fs_tensor *const *t, const char *const *names, int n, const int64_t *shape,
                  int ndim, fs_dtype dtype);
 int fs_output_array(fs_state *st, PyObject *given, const char *name, const fs_tensor *q, int ndim, const int64_t *shape,
                     fs_dtype dtype, fs_tensor *const *inputs, const char *const *names, int n, uintptr_t stream,
                     fs_tensor *t, PyObject **obj);
+
+/* options.c: option values parsed from Python objects (0, or -1 with TypeError/ValueError set) */
+int fs_parse_scale(PyObject *obj, int *has_scale, double *scale);
+int fs_parse_rotary(PyObject *obj, int *on, float *base);
+int fs_parse_max_seqlen(PyObject *obj, const char *name, long long *value);
 typedef struct { PyObject *table; int buckets, max_distance, bidirectional; } fs_t5_args;
 int fs_parse_t5(PyObject *t5, fs_t5_args *a);
+int fs_parse_activation(PyObject *obj, fs_activation *act);
+
+/* attention_checks.c: the attention entry points' array checks and limits */
+extern const char *const fs_qkv_names[3];
+int fs_check_qkv(fs_tensor *const t[3], int ndim, const char *layout);
+/* (B, H, S, D) positions of a 4-D tensor's dimensions in layout bshd (1) or bhsd (0). */
+void fs_layout_dims(int bshd, int *ib, int *ih, int *is);
+/* q, k, v of the padded entry points (4-D in the layout): fs_check_qkv, then matching B and D, heads, lengths. */
+int fs_check_padded_qkv(int bshd, fs_tensor *const t[3]);
+int fs_check_kv_heads(fs_tensor *const t[3], int ih);
+int fs_kv_group(int64_t hq, int64_t hk, int64_t k_sh, int64_t v_sh);
+/* The optional arrays of attention, checked against p (sizes) and filled into out's fields. */
+int fs_check_kpm(const fs_tensor *m, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out);
+int fs_check_seqlens(const fs_tensor *l, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out);
+int fs_check_bias(const fs_tensor *x, const fs_tensor *q, const fs_attn_params *p, fs_attn_params *out);
 int fs_check_t5(const fs_tensor *x, const fs_tensor *q, const fs_t5_args *a, fs_attn_params *p);
+/* cu_seqlens: int32 (B + 1,); on the CPU also its values against total tokens and max_seqlen. */
+int fs_check_cu_seqlens(const fs_tensor *c, const char *name, const fs_tensor *q, int64_t total, long long max_seqlen);
+int fs_check_scale(double scale, fs_dtype dtype);          /* finite in the precision dtype computes in */
+int fs_check_keys(int64_t keys, fs_dtype dtype, const char *what); /* at most FS_MAX_KEYS unless float64 */
+int fs_check_rotary(int on, int64_t D);
 
 /* params.c: the attention problem from checked tensors. An operand's data and (batch, head, sequence) strides in
  * elements: padded 4-D tensors in either layout, or packed (total, H, D) ones (batch stride 0). */
@@ -168,7 +172,6 @@ PyObject *fs_attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs
 /* linear.c, and the checks and runners linear_backward.c shares */
 PyObject *fs_linear(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fs_swiglu(PyObject *module, PyObject *args, PyObject *kwargs);
-int fs_parse_activation(PyObject *obj, fs_activation *act);
 /* A [..., cols] tensor's leading dims as rows: their count and one row stride (ValueError if they do not collapse). */
 int fs_as_rows(const fs_tensor *t, const char *name, int64_t *rows, int64_t *ld);
 int fs_check_like_x(const fs_tensor *t, const char *name, const fs_tensor *x); /* x's dtype and device */

@@ -9,27 +9,6 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
-
-static const char *const act_names[FS_NUM_ACTS] = {"none", "relu", "gelu", "gelu_tanh", "silu"};
-
-/* activation=: None or one of 'relu', 'gelu' (erf), 'gelu_tanh', 'silu'. */
-int fs_parse_activation(PyObject *obj, fs_activation *act)
-{
-    *act = FS_ACT_NONE;
-    if (obj == Py_None) return 0;
-    if (!PyUnicode_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "activation must be None or a str, got %.100s", Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    for (int i = 1; i < FS_NUM_ACTS; i++)
-        if (!PyUnicode_CompareWithASCIIString(obj, act_names[i])) {
-            *act = (fs_activation)i;
-            return 0;
-        }
-    PyErr_Format(PyExc_ValueError, "activation must be None, 'relu', 'gelu', 'gelu_tanh' or 'silu', got %R", obj);
-    return -1;
-}
-
 /* out_dtype=: None (x's dtype), a name ('float16', 'bfloat16', 'float32', 'float64'), a NumPy dtype or
  * type, or a torch dtype. */
 static int parse_out_dtype(fs_state *st, PyObject *obj, fs_dtype in, fs_dtype *dt)
