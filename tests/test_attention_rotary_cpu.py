@@ -45,6 +45,17 @@ def test_rotary_custom_base_and_mask():
     assert np.abs(out - ref).max() <= BOUND["float32"]
 
 
+def test_rotary_past_the_angle_table():
+    """Above 16M angles (positions x head dim) a call computes each row's angles itself instead of one table: the
+    same result."""
+    rng = np.random.default_rng()
+    q = rng.standard_normal((1, 1, 4, 256)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 1, 66000, 256)).astype(np.float32) for _ in range(2))
+    ref, _ = reference(esm_rotary(q * 0.0625), esm_rotary(k), v, scale=1.0)
+    out = flashsci.attention(q, k, v, rotary=True)
+    assert np.abs(out - ref).max() <= BOUND["float32"]
+
+
 def test_rotary_varlen_positions_restart():
     rng = np.random.default_rng()
     lens = [13, 1, 90, 40]

@@ -16,32 +16,45 @@
 
 #include <math.h>
 
+/* What every task reads: the problem and its rotary table (fs_rotary_table, or NULL). */
+typedef struct {
+    const fs_attn_bwd_params *g;
+    const float *rot;
+} backward_job;
+
+/* x rotated for its position (dir -1: the inverse), by the table's angles when there is one */
+#define ROTATE(x, pos, dir) (rot ? ROTATE_ROW(x, D, rot + (int64_t)(pos) * D, dir) : ROTATE_POS(x, D, pos, p->rotary_base, dir))
+
 #define REAL float
 #define SUF(name) name##_f
 #define LOAD_ROW fs_load_row_f
 #define STORE_ROW fs_store_row_f
-#define ROTATE fs_rotate_f
+#define ROTATE_ROW fs_rotate_row_f
+#define ROTATE_POS fs_rotate_f
 #define EXP expf
 #include "attention/cpu/backward_block.h"
 #undef REAL
 #undef SUF
 #undef LOAD_ROW
 #undef STORE_ROW
-#undef ROTATE
+#undef ROTATE_ROW
+#undef ROTATE_POS
 #undef EXP
 
 #define REAL double
 #define SUF(name) name##_d
 #define LOAD_ROW fs_load_row_d
 #define STORE_ROW fs_store_row_d
-#define ROTATE fs_rotate_d
+#define ROTATE_ROW fs_rotate_row_d
+#define ROTATE_POS fs_rotate_d
 #define EXP exp
 #include "attention/cpu/backward_block.h"
 #undef REAL
 #undef SUF
 #undef LOAD_ROW
 #undef STORE_ROW
-#undef ROTATE
+#undef ROTATE_ROW
+#undef ROTATE_POS
 #undef EXP
 
 /* Elements of REAL scratch every task needs: its query and key blocks (carve) and the two [Br][Bc] tiles. */
@@ -57,7 +70,8 @@ int fs_attention_backward_cpu(const fs_attn_bwd_params *g, int num_threads, fs_c
     const size_t real = f64 ? sizeof(double) : sizeof(float);
     const double flops = 4.0 * p->B * p->H * (double)p->Sq * p->Sk * D;
     const int threads = fs_cpu_threads_for(flops, num_threads);
-    void *ctx = (void *)g;
+    backward_job job = {g, fs_rotary_table(p)};
+    void *ctx = &job;
     /* dq: blocks of query rows */
     int rc = fs_cpu_parallel((int64_t)p->B * p->H * ((p->Sq + FS_CPU_BR - 1) / FS_CPU_BR), threads,
                              (base_scratch(D) + (size_t)FS_CPU_BR * D) * real, f64 ? dq_task_d : dq_task_f, ctx, poll,
@@ -78,5 +92,6 @@ int fs_attention_backward_cpu(const fs_attn_bwd_params *g, int num_threads, fs_c
     if (rc == 0 && g->dtable)
         rc = fs_cpu_parallel(p->H, threads, base_scratch(D) * real + (size_t)p->t5_buckets * sizeof(double) + 16,
                              f64 ? dtable_task_d : dtable_task_f, ctx, poll, poll_ctx);
+    free((void *)job.rot);
     return rc;
 }

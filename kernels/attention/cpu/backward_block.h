@@ -35,8 +35,8 @@ static REAL *SUF(carve)(REAL *buf, int D, SUF(qblock) *qb, SUF(kblock) *kb)
 }
 
 /* Rows i0 .. i0 + rows - 1 of sequence b (seq), head h into qb (tmp: D scratch for the output row). */
-static void SUF(load_qblock)(const fs_attn_bwd_params *g, int64_t b, int64_t h, fs_cpu_seq seq, int64_t i0, int rows,
-                             SUF(qblock) *qb, REAL *tmp)
+static void SUF(load_qblock)(const fs_attn_bwd_params *g, const float *rot, int64_t b, int64_t h, fs_cpu_seq seq,
+                             int64_t i0, int rows, SUF(qblock) *qb, REAL *tmp)
 {
     const fs_attn_params *p = &g->p;
     const int D = p->D;
@@ -48,7 +48,7 @@ static void SUF(load_qblock)(const fs_attn_bwd_params *g, int64_t b, int64_t h, 
         REAL *q = qb->q + (int64_t)r * D, *dout = qb->dout + (int64_t)r * D;
         LOAD_ROW((const char *)p->q + es * (b * p->q_sb + h * p->q_sh + row * p->q_ss), p->dtype, q, D);
         for (int d = 0; d < D; d++) q[d] *= (REAL)p->scale;
-        if (p->rotary) ROTATE(q, D, i0 + r, p->rotary_base, 1);
+        if (p->rotary) ROTATE(q, i0 + r, 1);
         LOAD_ROW((const char *)g->dout + es * (b * g->do_sb + h * g->do_sh + row * g->do_ss), p->dtype, dout, D);
         LOAD_ROW((const char *)p->o + es * (b * p->o_sb + h * p->o_sh + row * p->o_ss), p->dtype, tmp, D);
         REAL delta = 0;
@@ -60,8 +60,8 @@ static void SUF(load_qblock)(const fs_attn_bwd_params *g, int64_t b, int64_t h, 
 }
 
 /* Keys j0 .. j0 + cols - 1 of sequence b (seq), K/V head hkv into kb (row: D scratch). */
-static void SUF(load_kblock)(const fs_attn_params *p, int64_t b, int64_t hkv, fs_cpu_seq seq, int64_t j0, int cols,
-                             SUF(kblock) *kb, REAL *row)
+static void SUF(load_kblock)(const fs_attn_params *p, const float *rot, int64_t b, int64_t hkv, fs_cpu_seq seq,
+                             int64_t j0, int cols, SUF(kblock) *kb, REAL *row)
 {
     const int D = p->D;
     const size_t es = fs_dtype_itemsize(p->dtype);
@@ -72,7 +72,7 @@ static void SUF(load_kblock)(const fs_attn_params *p, int64_t b, int64_t hkv, fs
             const int64_t key = seq.ko + j0 + c;
             REAL *k = kb->k + (int64_t)c * D;
             LOAD_ROW((const char *)p->k + es * (b * p->k_sb + hkv * p->k_sh + key * p->k_ss), p->dtype, k, D);
-            if (p->rotary) ROTATE(k, D, j0 + c, p->rotary_base, 1);
+            if (p->rotary) ROTATE(k, j0 + c, 1);
             LOAD_ROW((const char *)p->v + es * (b * p->v_sb + hkv * p->v_sh + key * p->v_ss), p->dtype, row, D);
             for (int d = 0; d < D; d++) {
                 kb->kt[(int64_t)d * FS_CPU_BC + c] = k[d];
@@ -142,7 +142,8 @@ FS_CPU_CLONES static void SUF(tile)(const fs_attn_params *p, int64_t b, int64_t 
 /* dq of query block t (sequence b, head h, rows i0 ..): sum over the visible key blocks of dS K', then scale rot^T. */
 static void SUF(dq_task)(void *ctx, int64_t t, void *scratch)
 {
-    const fs_attn_bwd_params *g = (const fs_attn_bwd_params *)ctx;
+    const fs_attn_bwd_params *g = ((const backward_job *)ctx)->g;
+    const float *rot = ((const backward_job *)ctx)->rot;
     const fs_attn_params *p = &g->p;
     const int D = p->D;
     const int64_t q_blocks = (p->Sq + FS_CPU_BR - 1) / FS_CPU_BR, bh = t / q_blocks, b = bh / p->H, h = bh % p->H;
@@ -155,13 +156,13 @@ static void SUF(dq_task)(void *ctx, int64_t t, void *scratch)
     const fs_cpu_seq seq = fs_cpu_sequence(p, b);
     const int rows_in = (int)(p->Sq - i0 < FS_CPU_BR ? p->Sq - i0 : FS_CPU_BR);
     const int active = (int)(seq.q_len - i0 <= 0 ? 0 : seq.q_len - i0 < rows_in ? seq.q_len - i0 : rows_in);
-    SUF(load_qblock)(g, b, h, seq, i0, active, &qb, row);
+    SUF(load_qblock)(g, rot, b, h, seq, i0, active, &qb, row);
     for (int64_t e = 0; e < (int64_t)FS_CPU_BR * D; e++) dq[e] = 0;
     const int64_t kend = active == 0 ? 0 : p->causal ? (i0 + active < seq.k_len ? i0 + active : seq.k_len) : seq.k_len;
     for (int64_t j0 = 0; j0 < kend; j0 += FS_CPU_BC) {
         const int cols = (int)(kend - j0 < FS_CPU_BC ? kend - j0 : FS_CPU_BC);
         if (SUF(all_padding)(p, b, j0, cols)) continue;
-        SUF(load_kblock)(p, b, hkv, seq, j0, cols, &kb, row);
+        SUF(load_kblock)(p, rot, b, hkv, seq, j0, cols, &kb, row);
         SUF(tile)(p, b, h, &qb, &kb, prob, ds);
         for (int r = 0; r < active; r++)
             for (int c = 0; c < cols; c++) {
@@ -176,7 +177,7 @@ static void SUF(dq_task)(void *ctx, int64_t t, void *scratch)
         if (p->cu_seqlens_q && r >= active) break; /* packed: the next sequence's rows */
         REAL *dqr = dq + (int64_t)r * D;
         if (r < active) {
-            if (p->rotary) ROTATE(dqr, D, i0 + r, p->rotary_base, -1);
+            if (p->rotary) ROTATE(dqr, i0 + r, -1);
             for (int d = 0; d < D; d++) dqr[d] *= (REAL)p->scale;
         }
         STORE_ROW(dqr, p->dtype, (char *)g->dq + es * (b * g->dq_sb + h * g->dq_sh + (seq.qo + i0 + r) * g->dq_ss), D);
@@ -187,7 +188,8 @@ static void SUF(dq_task)(void *ctx, int64_t t, void *scratch)
  * blocks that see the keys. */
 static void SUF(dkv_task)(void *ctx, int64_t t, void *scratch)
 {
-    const fs_attn_bwd_params *g = (const fs_attn_bwd_params *)ctx;
+    const fs_attn_bwd_params *g = ((const backward_job *)ctx)->g;
+    const float *rot = ((const backward_job *)ctx)->rot;
     const fs_attn_params *p = &g->p;
     const int D = p->D, hkv_count = p->H / p->kv_group;
     const int64_t k_blocks = (p->Sk + FS_CPU_BC - 1) / FS_CPU_BC, bh = t / k_blocks, b = bh / hkv_count;
@@ -202,13 +204,13 @@ static void SUF(dkv_task)(void *ctx, int64_t t, void *scratch)
     const int kcols = (int)(seq.k_len - j0 <= 0 ? 0 : seq.k_len - j0 < cols_in ? seq.k_len - j0 : cols_in);
     for (int64_t e = 0; e < (int64_t)FS_CPU_BC * D; e++) dk[e] = dv[e] = 0;
     if (kcols > 0 && !SUF(all_padding)(p, b, j0, kcols)) {
-        SUF(load_kblock)(p, b, hkv, seq, j0, kcols, &kb, row);
+        SUF(load_kblock)(p, rot, b, hkv, seq, j0, kcols, &kb, row);
         const int64_t i_start = p->causal ? j0 / FS_CPU_BR * FS_CPU_BR : 0; /* query i sees key j <= i */
         for (int gi = 0; gi < p->kv_group; gi++) {
             const int64_t h = hkv * p->kv_group + gi;
             for (int64_t i0 = i_start; i0 < seq.q_len; i0 += FS_CPU_BR) {
                 const int rows = (int)(seq.q_len - i0 < FS_CPU_BR ? seq.q_len - i0 : FS_CPU_BR);
-                SUF(load_qblock)(g, b, h, seq, i0, rows, &qb, row);
+                SUF(load_qblock)(g, rot, b, h, seq, i0, rows, &qb, row);
                 SUF(tile)(p, b, h, &qb, &kb, prob, ds);
                 for (int r = 0; r < rows; r++) {
                     const REAL *q = qb.q + (int64_t)r * D, *dout = qb.dout + (int64_t)r * D;
@@ -228,7 +230,7 @@ static void SUF(dkv_task)(void *ctx, int64_t t, void *scratch)
     for (int c = 0; c < cols_in; c++) {
         if (p->cu_seqlens_k && c >= kcols) break; /* packed: the next sequence's keys */
         REAL *dkc = dk + (int64_t)c * D;
-        if (p->rotary && c < kcols) ROTATE(dkc, D, j0 + c, p->rotary_base, -1);
+        if (p->rotary && c < kcols) ROTATE(dkc, j0 + c, -1);
         const int64_t key = seq.ko + j0 + c;
         STORE_ROW(dkc, p->dtype, (char *)g->dk + es * (b * g->dk_sb + hkv * g->dk_sh + key * g->dk_ss), D);
         STORE_ROW(dv + (int64_t)c * D, p->dtype, (char *)g->dv + es * (b * g->dv_sb + hkv * g->dv_sh + key * g->dv_ss), D);
@@ -240,7 +242,8 @@ static void SUF(dkv_task)(void *ctx, int64_t t, void *scratch)
  * broadcasts over) into acc, then writes its elements. */
 static void SUF(dbias_task)(void *ctx, int64_t t, void *scratch)
 {
-    const fs_attn_bwd_params *g = (const fs_attn_bwd_params *)ctx;
+    const fs_attn_bwd_params *g = ((const backward_job *)ctx)->g;
+    const float *rot = ((const backward_job *)ctx)->rot;
     const fs_attn_params *p = &g->p;
     const int D = p->D;
     const int64_t *dims = g->dbias_dims;
@@ -259,11 +262,11 @@ static void SUF(dbias_task)(void *ctx, int64_t t, void *scratch)
             const fs_cpu_seq seq = fs_cpu_sequence(p, b);
             for (int64_t i0 = i_first; i0 < i_last && i0 < seq.q_len; i0 += FS_CPU_BR) {
                 const int rows = (int)(seq.q_len - i0 < FS_CPU_BR ? seq.q_len - i0 : FS_CPU_BR);
-                SUF(load_qblock)(g, b, h, seq, i0, rows, &qb, row);
+                SUF(load_qblock)(g, rot, b, h, seq, i0, rows, &qb, row);
                 const int64_t kend = p->causal ? (i0 + rows < seq.k_len ? i0 + rows : seq.k_len) : seq.k_len;
                 for (int64_t j0 = 0; j0 < kend; j0 += FS_CPU_BC) {
                     const int cols = (int)(kend - j0 < FS_CPU_BC ? kend - j0 : FS_CPU_BC);
-                    SUF(load_kblock)(p, b, h / p->kv_group, seq, j0, cols, &kb, row);
+                    SUF(load_kblock)(p, rot, b, h / p->kv_group, seq, j0, cols, &kb, row);
                     SUF(tile)(p, b, h, &qb, &kb, prob, ds);
                     for (int r = 0; r < rows; r++)
                         for (int c = 0; c < cols; c++)
@@ -282,7 +285,8 @@ static void SUF(dbias_task)(void *ctx, int64_t t, void *scratch)
 /* The T5 table's gradient of head t: dS of every (b, i, j) summed into the bucket of j - i (accumulated in double). */
 static void SUF(dtable_task)(void *ctx, int64_t t, void *scratch)
 {
-    const fs_attn_bwd_params *g = (const fs_attn_bwd_params *)ctx;
+    const fs_attn_bwd_params *g = ((const backward_job *)ctx)->g;
+    const float *rot = ((const backward_job *)ctx)->rot;
     const fs_attn_params *p = &g->p;
     const int D = p->D;
     const int64_t h = t;
@@ -297,12 +301,12 @@ static void SUF(dtable_task)(void *ctx, int64_t t, void *scratch)
         const fs_cpu_seq seq = fs_cpu_sequence(p, b);
         for (int64_t i0 = 0; i0 < seq.q_len; i0 += FS_CPU_BR) {
             const int rows = (int)(seq.q_len - i0 < FS_CPU_BR ? seq.q_len - i0 : FS_CPU_BR);
-            SUF(load_qblock)(g, b, h, seq, i0, rows, &qb, row);
+            SUF(load_qblock)(g, rot, b, h, seq, i0, rows, &qb, row);
             const int64_t kend = p->causal ? (i0 + rows < seq.k_len ? i0 + rows : seq.k_len) : seq.k_len;
             for (int64_t j0 = 0; j0 < kend; j0 += FS_CPU_BC) {
                 const int cols = (int)(kend - j0 < FS_CPU_BC ? kend - j0 : FS_CPU_BC);
                 if (SUF(all_padding)(p, b, j0, cols)) continue;
-                SUF(load_kblock)(p, b, h / p->kv_group, seq, j0, cols, &kb, row);
+                SUF(load_kblock)(p, rot, b, h / p->kv_group, seq, j0, cols, &kb, row);
                 SUF(tile)(p, b, h, &qb, &kb, prob, ds);
                 for (int r = 0; r < rows; r++)
                     for (int c = 0; c < cols; c++) {

@@ -5,19 +5,31 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "attention/params.h"
 #include "common/half.h"
 
 #define FS_CPU_BR 32 /* query rows per block                          */
 #define FS_CPU_BC 64 /* key rows per block                            */
-#define FS_CPU_DW 64 /* output columns kept in registers in O += P V  */
 
 /* x86-64 with GCC: an AVX2/FMA clone of the block kernels beside the portable ones, picked at load time */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FS_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define FS_CPU_CLONES
+#endif
+
+/* x86-64 with GCC or Clang: kernels with a build for AVX2 + FMA (__attribute__((target("avx2,fma")))) beside the
+ * portable one, which fs_cpu_avx2() picks at run time */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FS_CPU_AVX2 1
+static inline int fs_cpu_avx2(void)
+{
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#else
+#define FS_CPU_AVX2 0
 #endif
 
 /* One element of a float dtype, widened to double (bias and T5 table values). */
@@ -89,6 +101,38 @@ static inline void fs_rotate_d(double *x, int D, int64_t pos, float base, int di
         const double cd = c, sd = (double)s * dir, x1 = x[i], x2 = x[i + D / 2];
         x[i] = x1 * cd - x2 * sd;
         x[i + D / 2] = x2 * cd + x1 * sd;
+    }
+}
+
+/* One call's rotary cos / sin by position: row pos holds the cosines of its D / 2 pair angles, then their sines (the
+ * angles of fs_rotary_angle, bit for bit); NULL without rotary, above 64 MiB or without the memory (each row then
+ * computes its own angles: a powf and a sincos per pair). Free with free(). */
+static inline float *fs_rotary_table(const fs_attn_params *p)
+{
+    const int64_t n = p->Sq > p->Sk ? p->Sq : p->Sk, D = p->D;
+    if (!p->rotary || n * D > ((int64_t)16 << 20)) return NULL;
+    float *t = (float *)malloc((size_t)(n * D) * sizeof(float));
+    for (int i = 0; t && i < D / 2; i++)
+        for (int64_t pos = 0; pos < n; pos++) fs_rotary_angle(i, (int)D, pos, p->rotary_base, t + pos * D + i, t + pos * D + D / 2 + i);
+    return t;
+}
+
+/* fs_rotate_f / _d with the angles of the position's row cs of a rotary table. */
+static inline void fs_rotate_row_f(float *x, int D, const float *cs, int dir)
+{
+    for (int i = 0; i < D / 2; i++) {
+        const float c = cs[i], s = cs[i + D / 2] * (float)dir, x1 = x[i], x2 = x[i + D / 2];
+        x[i] = x1 * c - x2 * s;
+        x[i + D / 2] = x2 * c + x1 * s;
+    }
+}
+
+static inline void fs_rotate_row_d(double *x, int D, const float *cs, int dir)
+{
+    for (int i = 0; i < D / 2; i++) {
+        const double c = cs[i], s = (double)cs[i + D / 2] * dir, x1 = x[i], x2 = x[i + D / 2];
+        x[i] = x1 * c - x2 * s;
+        x[i + D / 2] = x2 * c + x1 * s;
     }
 }
 

@@ -1,9 +1,26 @@
-/* One (batch, head, query-block) of CPU flash attention, instantiated by forward.c for
- * REAL = float (fp16/bf16/fp32 inputs) and REAL = double (fp64 inputs). Paper notation (FlashAttention-2):
- * a query block Q_i of Br rows streams over key/value blocks K_j, V_j of Bc rows, keeping the running
- * row max m_i, the running denominator l_i and the unnormalised output O_i. */
+/* One (batch, head, query-block) of CPU flash attention. Paper notation (FlashAttention-2): a query block Q_i of Br
+ * rows streams over key/value blocks K_j, V_j of Bc rows, keeping the running row max m_i, the running denominator
+ * l_i and the unnormalised output O_i. No include guard: forward.c instantiates it per REAL (FS_REAL_DOUBLE 0: float
+ * for fp16/bf16/fp32 inputs, 1: double for fp64) and per vector width (FS_VEC_BYTES, after common/cpu_tile.h and
+ * softmax_row.h), with BLOCK_TARGET the width's target attribute: attention_block_f_16, ..._d_32. */
+#if FS_REAL_DOUBLE
+#define REAL double
+#define RNAME(name) name##_d
+#define EXP exp
+#define LOG log
+#else
+#define REAL float
+#define RNAME(name) name##_f
+#define EXP expf
+#define LOG logf
+#endif
+#define WNAME(name) FS_V(RNAME(name)) /* name_<f|d>_<width> */
+/* x rotated for its position: the table's angles when there is one */
+#define ROTATE(x, pos) (rot ? RNAME(fs_rotate_row)(x, D, rot + (int64_t)(pos) * D, 1) : RNAME(fs_rotate)(x, D, pos, p->rotary_base, 1))
 
-FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h, int64_t i0, REAL *scratch)
+/* rot: the call's rotary table (fs_rotary_table), or NULL */
+BLOCK_TARGET static void WNAME(attention_block)(const fs_attn_params *p, const float *rot, int64_t b, int64_t h,
+                                                int64_t i0, REAL *scratch)
 {
     const int D = p->D;
     const int64_t rows = (p->Sq - i0) < FS_CPU_BR ? (p->Sq - i0) : FS_CPU_BR;
@@ -11,7 +28,7 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
     REAL *Oi = Qi + FS_CPU_BR * D;         /* [Br][D]  unnormalised output                 */
     REAL *Kt = Oi + FS_CPU_BR * D;         /* [D][Bc]  K_j transposed                      */
     REAL *Vj = Kt + (int64_t)D * FS_CPU_BC;/* [Bc][D]                                      */
-    REAL *S = Vj + (int64_t)FS_CPU_BC * D; /* [Br][Bc] scores, then probabilities P_ij      */
+    REAL *S = Vj + (int64_t)FS_CPU_BC * D; /* [Br][Bc] scores, then probabilities P_ij     */
     REAL m[FS_CPU_BR], l[FS_CPU_BR];
 
     const char *qb = (const char *)p->q, *kb = (const char *)p->k, *vb = (const char *)p->v;
@@ -30,9 +47,9 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
     const int64_t active = q_len - i0 < 0 ? 0 : (q_len - i0 < rows ? q_len - i0 : rows);
     for (int64_t r = 0; r < rows; r++) {
         if (r < active) {
-            LOAD_ROW(qb + es * (b * p->q_sb + h * p->q_sh + (qo + i0 + r) * p->q_ss), p->dtype, Qi + r * D, D);
+            RNAME(fs_load_row)(qb + es * (b * p->q_sb + h * p->q_sh + (qo + i0 + r) * p->q_ss), p->dtype, Qi + r * D, D);
             for (int d = 0; d < D; d++) Qi[r * D + d] *= (REAL)p->scale;
-            if (p->rotary) ROTATE_FN(Qi + r * D, D, i0 + r, p->rotary_base, 1);
+            if (p->rotary) ROTATE(Qi + r * D, i0 + r);
         }
         for (int d = 0; d < D; d++) Oi[r * D + d] = 0;
         m[r] = -INFINITY;
@@ -51,10 +68,10 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
         }
         for (int c = 0; c < cols; c++) {
             REAL row[FS_CPU_MAX_D];
-            LOAD_ROW(kb + es * (b * p->k_sb + hkv * p->k_sh + (ko + j0 + c) * p->k_ss), p->dtype, row, D);
-            if (p->rotary) ROTATE_FN(row, D, j0 + c, p->rotary_base, 1);
+            RNAME(fs_load_row)(kb + es * (b * p->k_sb + hkv * p->k_sh + (ko + j0 + c) * p->k_ss), p->dtype, row, D);
+            if (p->rotary) ROTATE(row, j0 + c);
             for (int d = 0; d < D; d++) Kt[(int64_t)d * FS_CPU_BC + c] = row[d];
-            LOAD_ROW(vb + es * (b * p->v_sb + hkv * p->v_sh + (ko + j0 + c) * p->v_ss), p->dtype, Vj + (int64_t)c * D, D);
+            RNAME(fs_load_row)(vb + es * (b * p->v_sb + hkv * p->v_sh + (ko + j0 + c) * p->v_ss), p->dtype, Vj + (int64_t)c * D, D);
         }
         for (int d = 0; cols < FS_CPU_BC && d < D; d++) /* zero the unused columns: full-width products below */
             for (int c = cols; c < FS_CPU_BC; c++) Kt[(int64_t)d * FS_CPU_BC + c] = 0;
@@ -66,16 +83,10 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
             t5[t] = (REAL)fs_load_scalar((const char *)p->t5_table + fs_dtype_itemsize(p->t5_dtype) * (h * p->t5_sh + bucket * p->t5_sn),
                                          p->t5_dtype);
         }
+        /* S_ij = (scale Q_i) K_j^T for the active rows, in register tiles (columns past cols meet K_j's zeros) */
+        WNAME(fs_matmul)((int)active, FS_CPU_BC, D, Qi, D, Kt, FS_CPU_BC, S, FS_CPU_BC, 0);
         for (int64_t r = 0; r < active; r++) {
             REAL *s = S + r * FS_CPU_BC;
-            /* S_ij = (scale Q_i) K_j^T: a row of Bc accumulators with a compile-time width stays in registers */
-            REAL acc[FS_CPU_BC] = {0};
-            for (int d = 0; d < D; d++) {
-                const REAL qd = Qi[r * D + d];
-                const REAL *kt = Kt + (int64_t)d * FS_CPU_BC;
-                for (int c = 0; c < FS_CPU_BC; c++) acc[c] += qd * kt[c];
-            }
-            for (int c = 0; c < cols; c++) s[c] = acc[c];
             /* S_ij += bias_ij + t5(j - i);  masked keys (padding mask, causal) get -inf */
             if (bias) {
                 const char *brow = bias + bias_es * (b * p->bias_sb + h * p->bias_sh + (i0 + r) * p->bias_sq);
@@ -89,36 +100,21 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
             if (p->causal)
                 for (int c = 0; c < cols; c++)
                     if (j0 + c > i0 + r) s[c] = -INFINITY;
-            /* m_new = max(m_i, rowmax S_ij);  P_ij = exp(S_ij - m_new);  l_i = e^(m_i - m_new) l_i + rowsum P_ij.
-             * A NaN score makes m_new NaN, and with it the row's l_i and O_i, as torch's softmax does */
-            REAL mx = m[r];
-            for (int c = 0; c < cols; c++) mx = s[c] > mx || s[c] != s[c] ? s[c] : mx;
-            if (mx == -INFINITY) continue;           /* every key so far masked: nothing to add */
+            /* m_new = max(m_i, rowmax S_ij);  P_ij = exp(S_ij - m_new);  l_i = e^(m_i - m_new) l_i + rowsum P_ij;
+             * O_i = e^(m_i - m_new) O_i here, + P_ij V_j below. A NaN score makes m_new NaN, and with it the row's l_i
+             * and O_i, as torch's softmax does; a row with every key so far masked adds nothing (P_ij = 0) */
+            const REAL mx = WNAME(fs_max_row)(s, cols, m[r]);
+            if (mx == -INFINITY) {
+                for (int c = 0; c < cols; c++) s[c] = 0;
+                continue;
+            }
             const REAL alpha = EXP(m[r] - mx);
-            REAL sum = 0;
-            for (int c = 0; c < cols; c++) { s[c] = EXP(s[c] - mx); sum += s[c]; }
-            l[r] = alpha * l[r] + sum;
+            l[r] = alpha * l[r] + WNAME(fs_exp_row)(s, cols, mx);
             m[r] = mx;
-            /* O_i = e^(m_i - m_new) O_i + P_ij V_j, in register chunks of FS_CPU_DW columns */
-            REAL *o = Oi + r * D;
-            int d0 = 0;
-            for (; d0 + FS_CPU_DW <= D; d0 += FS_CPU_DW) {
-                REAL oc[FS_CPU_DW];
-                for (int e = 0; e < FS_CPU_DW; e++) oc[e] = o[d0 + e] * alpha;
-                for (int c = 0; c < cols; c++) {
-                    const REAL pc = s[c];
-                    const REAL *vr = Vj + (int64_t)c * D + d0;
-                    for (int e = 0; e < FS_CPU_DW; e++) oc[e] += pc * vr[e];
-                }
-                for (int e = 0; e < FS_CPU_DW; e++) o[d0 + e] = oc[e];
-            }
-            for (int d = d0; d < D; d++) o[d] *= alpha;
-            for (int c = 0; c < cols && d0 < D; c++) {
-                const REAL pc = s[c];
-                const REAL *vr = Vj + (int64_t)c * D;
-                for (int d = d0; d < D; d++) o[d] += pc * vr[d];
-            }
+            for (int d = 0; d < D; d++) Oi[r * D + d] *= alpha;
         }
+        /* O_i += P_ij V_j over the block's cols keys, in register tiles */
+        WNAME(fs_matmul)((int)active, D, cols, S, FS_CPU_BC, Vj, D, Oi, D, 1);
     }
     /* O_i = O_i / l_i;  lse_i = m_i + log(l_i); a row that saw no key (l_i = 0) is written as zeros, lse -inf; a NaN
      * l_i stays NaN in both */
@@ -128,7 +124,7 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
         const REAL inv = l[r] == 0 ? 0 : 1 / l[r];
         REAL *o = Oi + r * D;
         for (int d = 0; d < D; d++) o[d] *= inv;
-        STORE_ROW(o, p->dtype, ob + es * (b * p->o_sb + h * p->o_sh + (qo + i0 + r) * p->o_ss), D);
+        RNAME(fs_store_row)(o, p->dtype, ob + es * (b * p->o_sb + h * p->o_sh + (qo + i0 + r) * p->o_ss), D);
         if (p->lse) {
             const int64_t li = b * p->lse_sb + h * p->lse_sh + qo + i0 + r;
             const REAL lse = l[r] == 0 ? -INFINITY : m[r] + LOG(l[r]);
@@ -137,3 +133,10 @@ FS_CPU_CLONES static void BLOCK_FN(const fs_attn_params *p, int64_t b, int64_t h
         }
     }
 }
+
+#undef REAL
+#undef RNAME
+#undef WNAME
+#undef ROTATE
+#undef EXP
+#undef LOG

@@ -95,26 +95,24 @@ def packed_linear(linears):
     return w, (b if b is not None else torch.cat([m.bias for m in linears]))
 
 
-# flashsci.linear's activations as torch functions, for adapters and for CPU tensors under autograd
+# flashsci.linear's activations as torch functions, for adapters and for CPU tensors
 TORCH_ACTIVATIONS = {None: lambda x: x, "relu": torch.relu, "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
                      "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}
 
 
-def fused_backward(x):
-    """Whether a recorded call goes through flashsci's differentiable ops: CUDA fp16 / bf16 (on the CPU torch's GEMMs
-    are the faster backward)."""
+def flashsci_gemm(x):
+    """Whether the projections run flashsci's GEMMs: CUDA fp16 / bf16. On the CPU torch's (oneDNN / MKL) are several
+    times faster than flashsci's reference C GEMM, forward and backward, so patched CPU models keep them."""
     return x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
 
 
 def linear(x, weight, bias=None, activation=None):
-    """act(x W^T + b): flashsci.linear, as the torch op while torch.compile traces or autograd records on the GPU (its
-    backward by flashsci.linear_backward), else the C call (no dispatcher); F.linear and the activation in torch
-    where autograd records on the CPU."""
-    if needs_grad(x, weight, bias):
-        if fused_backward(x):
-            return torch.ops.flashsci.linear(x, weight, bias, activation)
+    """act(x W^T + b): on the GPU flashsci.linear, as the torch op while torch.compile traces or autograd records (its
+    backward by flashsci.linear_backward), else the C call (no dispatcher); on the CPU F.linear and the activation in
+    torch."""
+    if not flashsci_gemm(x):
         return TORCH_ACTIVATIONS[activation](torch.nn.functional.linear(x, weight, bias))
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or needs_grad(x, weight, bias):
         return torch.ops.flashsci.linear(x, weight, bias, activation)
     return _flashsci.linear(x, weight, bias, activation=activation)
 
@@ -188,8 +186,8 @@ def plain_gemm(module):
 
 
 def swiglu(x, w_gate, w_up=None):
-    """flashsci.swiglu, as linear() picks its entry point (torch's GEMMs where autograd records on the CPU)."""
-    if needs_grad(x, w_gate, w_up) and not fused_backward(x):
+    """flashsci.swiglu, as linear() picks its entry point (torch's GEMMs on the CPU)."""
+    if not flashsci_gemm(x):
         gate, up = (x @ w_gate.t()).chunk(2, -1) if w_up is None else (x @ w_gate.t(), x @ w_up.t())
         return torch.nn.functional.silu(gate) * up
     if torch.compiler.is_compiling() or needs_grad(x, w_gate, w_up):
