@@ -115,3 +115,14 @@ def test_activations_keep_nan(act):
     y = flashsci.linear(x, np.ones((1, 1), np.float32), activation=act)[:, 0]
     assert np.isnan(y[0]) and np.isfinite(y[1]) and np.isfinite(y[2])
     assert y[3] == np.inf
+
+
+def test_every_float16_widens_exactly():
+    """All 65,536 float16 bit patterns (subnormals, infinities, NaNs) through the CPU kernel's widening and narrowing:
+    attention over a single key returns v itself (-0 comes back as +0, the sum's start)."""
+    v = np.arange(65536, dtype=np.uint16).view(np.float16).reshape(1, 8192, 1, 8)
+    q = np.zeros_like(v)
+    out = flashsci.attention(q, q, v).reshape(-1)
+    ref = v.reshape(-1)
+    same = (out.view(np.uint16) == ref.view(np.uint16)) | (np.isnan(out) & np.isnan(ref))
+    assert np.flatnonzero(~same).tolist() == [0x8000]
