@@ -1,5 +1,6 @@
 /* The tasks of the CPU attention backward, instantiated by backward.c for REAL = float (fp16 / bf16 / fp32 inputs)
- * and REAL = double (fp64 inputs); SUF names each instantiation's functions. Paper notation (FlashAttention-2): with
+ * and REAL = double (fp64 inputs) and per vector width (FS_VEC_BYTES, with common/cpu_tile.h; BLOCK_TARGET the
+ * width's target attribute); SUF names each instantiation's functions. Paper notation (FlashAttention-2): with
  * the forward's scores S_ij = q'_i . k'_j + bias_ij + t5(j - i) (q' = rot(scale q), k' = rot(k)), P_ij =
  * exp(S_ij - lse_i) and Delta_i = dO_i . O_i:
  *     dV_j = sum_i P_ij dO_i      dP_ij = dO_i . V_j      dS_ij = P_ij (dP_ij - Delta_i)
@@ -35,7 +36,7 @@ static REAL *SUF(carve)(REAL *buf, int D, SUF(qblock) *qb, SUF(kblock) *kb)
 }
 
 /* Rows i0 .. i0 + rows - 1 of sequence b (seq), head h into qb (tmp: D scratch for the output row). */
-static void SUF(load_qblock)(const fs_attn_bwd_params *g, const float *rot, int64_t b, int64_t h, fs_cpu_seq seq,
+BLOCK_TARGET static void SUF(load_qblock)(const fs_attn_bwd_params *g, const float *rot, int64_t b, int64_t h, fs_cpu_seq seq,
                              int64_t i0, int rows, SUF(qblock) *qb, REAL *tmp)
 {
     const fs_attn_params *p = &g->p;
@@ -60,7 +61,7 @@ static void SUF(load_qblock)(const fs_attn_bwd_params *g, const float *rot, int6
 }
 
 /* Keys j0 .. j0 + cols - 1 of sequence b (seq), K/V head hkv into kb (row: D scratch). */
-static void SUF(load_kblock)(const fs_attn_params *p, const float *rot, int64_t b, int64_t hkv, fs_cpu_seq seq,
+BLOCK_TARGET static void SUF(load_kblock)(const fs_attn_params *p, const float *rot, int64_t b, int64_t hkv, fs_cpu_seq seq,
                              int64_t j0, int cols, SUF(kblock) *kb, REAL *row)
 {
     const int D = p->D;
@@ -85,7 +86,7 @@ static void SUF(load_kblock)(const fs_attn_params *p, const float *rot, int64_t 
 }
 
 /* Whether a padding mask drops every key of the block (it is skipped then, as the forward skips it). */
-static int SUF(all_padding)(const fs_attn_params *p, int64_t b, int64_t j0, int cols)
+BLOCK_TARGET static int SUF(all_padding)(const fs_attn_params *p, int64_t b, int64_t j0, int cols)
 {
     if (!p->kpm) return 0;
     for (int c = 0; c < cols; c++)
@@ -95,7 +96,7 @@ static int SUF(all_padding)(const fs_attn_params *p, int64_t b, int64_t j0, int 
 
 /* P_ij and dS_ij of query block qb against key block kb, into prob and ds ([Br][Bc]); masked keys get 0. A row whose
  * lse is -inf (no kept key) has P = 0. */
-FS_CPU_CLONES static void SUF(tile)(const fs_attn_params *p, int64_t b, int64_t h, const SUF(qblock) *qb,
+BLOCK_TARGET static void SUF(tile)(const fs_attn_params *p, int64_t b, int64_t h, const SUF(qblock) *qb,
                                     const SUF(kblock) *kb, REAL *prob, REAL *ds)
 {
     const int D = p->D, cols = kb->cols;
@@ -109,38 +110,35 @@ FS_CPU_CLONES static void SUF(tile)(const fs_attn_params *p, int64_t b, int64_t 
         t5[t] = (REAL)fs_load_scalar((const char *)p->t5_table + fs_dtype_itemsize(p->t5_dtype) * (h * p->t5_sh + bucket * p->t5_sn),
                                      p->t5_dtype);
     }
+    /* S_ij = q'_i k'_j into prob, dP_ij = dO_i V_j into ds (register tiles; columns past cols meet zeros) */
+    MATMUL(qb->rows, FS_CPU_BC, D, qb->q, D, kb->kt, FS_CPU_BC, prob, FS_CPU_BC, 0);
+    MATMUL(qb->rows, FS_CPU_BC, D, qb->dout, D, kb->vt, FS_CPU_BC, ds, FS_CPU_BC, 0);
     for (int r = 0; r < qb->rows; r++) {
-        const REAL *q = qb->q + (int64_t)r * D, *dout = qb->dout + (int64_t)r * D;
-        REAL s[FS_CPU_BC] = {0}, dp[FS_CPU_BC] = {0};
-        for (int d = 0; d < D; d++) {
-            const REAL qd = q[d], od = dout[d];
-            const REAL *kt = kb->kt + (int64_t)d * FS_CPU_BC, *vt = kb->vt + (int64_t)d * FS_CPU_BC;
-            for (int c = 0; c < FS_CPU_BC; c++) {
-                s[c] += qd * kt[c];
-                dp[c] += od * vt[c];
-            }
-        }
         const int64_t i = qb->i0 + r;
         const REAL lse = qb->lse[r], delta = qb->delta[r];
         REAL *pr = prob + (int64_t)r * FS_CPU_BC, *dsr = ds + (int64_t)r * FS_CPU_BC;
+        /* S_ij + bias_ij + t5(j - i), -inf where masked; then P_ij = exp(S_ij - lse_i), 0 in a row without keys */
         for (int c = 0; c < FS_CPU_BC; c++) {
             const int64_t j = kb->j0 + c;
-            int masked = c >= cols || lse == -INFINITY || (p->causal && j > i) ||
-                         (p->kpm && !p->kpm[b * p->kpm_sb + j * p->kpm_sk]);
-            REAL x = s[c];
+            const int masked = c >= cols || (p->causal && j > i) || (p->kpm && !p->kpm[b * p->kpm_sb + j * p->kpm_sk]);
+            REAL x = pr[c];
             if (!masked && bias)
                 x += (REAL)fs_load_scalar(bias + bias_es * (b * p->bias_sb + h * p->bias_sh + i * p->bias_sq + j * p->bias_sk),
                                           p->bias_dtype);
             if (!masked && p->t5_table) x += t5[j - i - rel_min];
-            const REAL pc = masked ? 0 : EXP(x - lse);
-            pr[c] = pc;
-            dsr[c] = pc * (dp[c] - delta);
+            pr[c] = masked ? -INFINITY : x;
         }
+        if (lse == -INFINITY)
+            for (int c = 0; c < FS_CPU_BC; c++) pr[c] = 0;
+        else
+            EXP_ROW(pr, FS_CPU_BC, lse);
+        /* dS_ij = P_ij (dP_ij - Delta_i) */
+        for (int c = 0; c < FS_CPU_BC; c++) dsr[c] = pr[c] * (dsr[c] - delta);
     }
 }
 
 /* dq of query block t (sequence b, head h, rows i0 ..): sum over the visible key blocks of dS K', then scale rot^T. */
-static void SUF(dq_task)(void *ctx, int64_t t, void *scratch)
+BLOCK_TARGET static void SUF(dq_task)(void *ctx, int64_t t, void *scratch)
 {
     const fs_attn_bwd_params *g = ((const backward_job *)ctx)->g;
     const float *rot = ((const backward_job *)ctx)->rot;
@@ -164,13 +162,7 @@ static void SUF(dq_task)(void *ctx, int64_t t, void *scratch)
         if (SUF(all_padding)(p, b, j0, cols)) continue;
         SUF(load_kblock)(p, rot, b, hkv, seq, j0, cols, &kb, row);
         SUF(tile)(p, b, h, &qb, &kb, prob, ds);
-        for (int r = 0; r < active; r++)
-            for (int c = 0; c < cols; c++) {
-                const REAL dsc = ds[r * FS_CPU_BC + c];
-                const REAL *k = kb.k + (int64_t)c * D;
-                REAL *dqr = dq + (int64_t)r * D;
-                for (int d = 0; d < D; d++) dqr[d] += dsc * k[d];
-            }
+        MATMUL(active, D, cols, ds, FS_CPU_BC, kb.k, D, dq, D, 1);   /* dq_i += dS_ij k'_j */
     }
     const size_t es = fs_dtype_itemsize(p->dtype);
     for (int r = 0; r < rows_in; r++) {
@@ -186,7 +178,7 @@ static void SUF(dq_task)(void *ctx, int64_t t, void *scratch)
 
 /* dk, dv of key block t (sequence b, K/V head hkv, keys j0 ..): sums over the query heads of the group and the query
  * blocks that see the keys. */
-static void SUF(dkv_task)(void *ctx, int64_t t, void *scratch)
+BLOCK_TARGET static void SUF(dkv_task)(void *ctx, int64_t t, void *scratch)
 {
     const fs_attn_bwd_params *g = ((const backward_job *)ctx)->g;
     const float *rot = ((const backward_job *)ctx)->rot;
@@ -198,7 +190,8 @@ static void SUF(dkv_task)(void *ctx, int64_t t, void *scratch)
     SUF(kblock) kb;
     REAL *rest = SUF(carve)((REAL *)scratch, D, &qb, &kb);
     REAL *dk = rest, *dv = dk + FS_CPU_BC * D, *prob = dv + FS_CPU_BC * D;
-    REAL *ds = prob + FS_CPU_BR * FS_CPU_BC, *row = ds + FS_CPU_BR * FS_CPU_BC;
+    REAL *ds = prob + FS_CPU_BR * FS_CPU_BC, *pt = ds + FS_CPU_BR * FS_CPU_BC, *dst = pt + FS_CPU_BC * FS_CPU_BR;
+    REAL *row = dst + FS_CPU_BC * FS_CPU_BR;
     const fs_cpu_seq seq = fs_cpu_sequence(p, b);
     const int cols_in = (int)(p->Sk - j0 < FS_CPU_BC ? p->Sk - j0 : FS_CPU_BC);
     const int kcols = (int)(seq.k_len - j0 <= 0 ? 0 : seq.k_len - j0 < cols_in ? seq.k_len - j0 : cols_in);
@@ -212,17 +205,14 @@ static void SUF(dkv_task)(void *ctx, int64_t t, void *scratch)
                 const int rows = (int)(seq.q_len - i0 < FS_CPU_BR ? seq.q_len - i0 : FS_CPU_BR);
                 SUF(load_qblock)(g, rot, b, h, seq, i0, rows, &qb, row);
                 SUF(tile)(p, b, h, &qb, &kb, prob, ds);
-                for (int r = 0; r < rows; r++) {
-                    const REAL *q = qb.q + (int64_t)r * D, *dout = qb.dout + (int64_t)r * D;
+                /* dV_j += P_ij dO_i, dk_j += dS_ij q'_i: P and dS transposed, then register tiles */
+                for (int r = 0; r < rows; r++)
                     for (int c = 0; c < kcols; c++) {
-                        const REAL pc = prob[r * FS_CPU_BC + c], dsc = ds[r * FS_CPU_BC + c];
-                        REAL *dkc = dk + (int64_t)c * D, *dvc = dv + (int64_t)c * D;
-                        for (int d = 0; d < D; d++) {
-                            dvc[d] += pc * dout[d];
-                            dkc[d] += dsc * q[d];
-                        }
+                        pt[c * FS_CPU_BR + r] = prob[r * FS_CPU_BC + c];
+                        dst[c * FS_CPU_BR + r] = ds[r * FS_CPU_BC + c];
                     }
-                }
+                MATMUL(kcols, D, rows, pt, FS_CPU_BR, qb.dout, D, dv, D, 1);
+                MATMUL(kcols, D, rows, dst, FS_CPU_BR, qb.q, D, dk, D, 1);
             }
         }
     }
@@ -240,7 +230,7 @@ static void SUF(dkv_task)(void *ctx, int64_t t, void *scratch)
 /* One element set of dbias: task t is (bias batch bb, bias head hh, query block qi when the bias has a query
  * dimension); it sums dS over the batches and heads the bias broadcasts over (and over the rows and keys it
  * broadcasts over) into acc, then writes its elements. */
-static void SUF(dbias_task)(void *ctx, int64_t t, void *scratch)
+BLOCK_TARGET static void SUF(dbias_task)(void *ctx, int64_t t, void *scratch)
 {
     const fs_attn_bwd_params *g = ((const backward_job *)ctx)->g;
     const float *rot = ((const backward_job *)ctx)->rot;
@@ -283,7 +273,7 @@ static void SUF(dbias_task)(void *ctx, int64_t t, void *scratch)
 }
 
 /* The T5 table's gradient of head t: dS of every (b, i, j) summed into the bucket of j - i (accumulated in double). */
-static void SUF(dtable_task)(void *ctx, int64_t t, void *scratch)
+BLOCK_TARGET static void SUF(dtable_task)(void *ctx, int64_t t, void *scratch)
 {
     const fs_attn_bwd_params *g = ((const backward_job *)ctx)->g;
     const float *rot = ((const backward_job *)ctx)->rot;

@@ -13,13 +13,6 @@
 #define FS_CPU_BR 32 /* query rows per block                          */
 #define FS_CPU_BC 64 /* key rows per block                            */
 
-/* x86-64 with GCC: an AVX2/FMA clone of the block kernels beside the portable ones, picked at load time */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FS_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define FS_CPU_CLONES
-#endif
-
 /* x86-64 with GCC or Clang: kernels with a build for AVX2 + FMA (__attribute__((target("avx2,fma")))) beside the
  * portable one, which fs_cpu_avx2() picks at run time */
 #if defined(__x86_64__) && defined(__GNUC__)

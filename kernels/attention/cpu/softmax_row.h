@@ -6,8 +6,8 @@
  *   fs_exp_row_f / _d(s, n, mx)    s[c] = e^(s[c] - mx) for c < n, returning their sum
  *
  * The float exponential is a polynomial a vector at a time (Cephes' expf: e^x = 2^k p(r), r = x - k ln 2 in two
- * parts, degree 6; at most 1.5 ulp from e^x; 0 below e^-87 and for -inf, NaN kept; arguments are <= 0 here), about
- * 7x libm's expf with 8 lanes; the double one is libm's exp. */
+ * parts, degree 6; at most 1.5 ulp from e^x; 0 below e^-87 and for -inf, inf above e^88.72, NaN kept), about 7x
+ * libm's expf with 8 lanes; the double one is libm's exp. */
 
 /* max(m, s[0], ..., s[n - 1]) in float, NaN if any of them is NaN. */
 static inline __attribute__((always_inline)) float FS_V(fs_max_row_f)(const float *s, int n, float m)
@@ -34,13 +34,14 @@ static inline __attribute__((always_inline)) double FS_V(fs_max_row_d)(const dou
     return m;
 }
 
-/* s[c] = e^(s[c] - mx) for c < n (each s[c] - mx <= 0, or NaN) in float, returning their sum. */
+/* s[c] = e^(s[c] - mx) for c < n in float, returning their sum. */
 static inline __attribute__((always_inline)) float FS_V(fs_exp_row_f)(float *s, int n, float mx)
 {
     typedef FS_V(fs_vf) vf;
     typedef FS_V(fs_vi) vi;
     enum { L = FS_VEC_BYTES / 4 };
-    const vf lo = (vf){0} - 87.0f, magic = (vf){0} + 12582912.0f; /* 1.5 2^23: x + magic rounds x to an integer */
+    const vf lo = (vf){0} - 87.0f, hi = (vf){0} + 88.72f, magic = (vf){0} + 12582912.0f; /* 1.5 2^23: rounds */
+    const vi inf = (vi){0} + 0x7f800000;
     vf total = {0};
     int c = 0;
     for (; c + L <= n; c += L) {
@@ -56,7 +57,8 @@ static inline __attribute__((always_inline)) float FS_V(fs_exp_row_f)(float *s, 
         p = p * r + 5.0000001201e-1f;
         p = p * r * r + r + 1.0f;
         const vi two_k = ((vi)t - (vi)magic + 127) << 23;                  /* 2^k as a float's bits */
-        const vf e = (vf)((vi)(p * (vf)two_k) & ~small);
+        const vi big = x > hi;                                             /* e^x past FLT_MAX: inf */
+        const vf e = (vf)((((vi)(p * (vf)two_k) & ~big) | (inf & big)) & ~small);
         *(vf *)(s + c) = e;
         total += e;
     }
