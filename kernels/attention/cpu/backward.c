@@ -25,24 +25,9 @@ typedef struct {
 /* x rotated for its position (dir -1: the inverse), by the table's angles when there is one */
 #define ROTATE(x, pos, dir) (rot ? ROTATE_ROW(x, D, rot + (int64_t)(pos) * D, dir) : ROTATE_POS(x, D, pos, p->rotary_base, dir))
 
-/* The tasks in 16-byte vectors (SSE2, NEON: every machine), and on x86-64 also in 32-byte ones for AVX2 + FMA, taken
- * where the CPU has them */
-#define FS_VEC_BYTES 16
-#define BLOCK_TARGET
-#include "common/cpu_tile.h"
-#include "attention/cpu/softmax_row.h"
-#include "attention/cpu/backward_reals.h"
-#undef BLOCK_TARGET
-#undef FS_VEC_BYTES
-#if FS_CPU_AVX2
-#define FS_VEC_BYTES 32
-#define BLOCK_TARGET __attribute__((target("avx2,fma")))
-#include "common/cpu_tile.h"
-#include "attention/cpu/softmax_row.h"
-#include "attention/cpu/backward_reals.h"
-#undef BLOCK_TARGET
-#undef FS_VEC_BYTES
-#endif
+/* The block kernels in 16-byte and (x86-64) 32-byte AVX2 + FMA vectors */
+#define FS_BLOCK_HEADER "attention/cpu/backward_block.h"
+#include "attention/cpu/instantiate.h"
 
 /* A task of pass name for the run's dtype, in the widest build this CPU runs. */
 #if FS_CPU_AVX2

@@ -1,6 +1,6 @@
-/* The tasks of the CPU attention backward, instantiated by backward.c for REAL = float (fp16 / bf16 / fp32 inputs)
- * and REAL = double (fp64 inputs) and per vector width (FS_VEC_BYTES, with common/cpu_tile.h; BLOCK_TARGET the
- * width's target attribute); SUF names each instantiation's functions. Paper notation (FlashAttention-2): with
+/* The tasks of the CPU attention backward. No include guard: backward.c instantiates it per REAL (FS_REAL_DOUBLE 0:
+ * float for fp16 / bf16 / fp32 inputs, 1: double for fp64) and per vector width (FS_VEC_BYTES, through
+ * instantiate.h; BLOCK_TARGET the width's target attribute); SUF(name) is name_<f|d>_<width>. Paper notation (FlashAttention-2): with
  * the forward's scores S_ij = q'_i . k'_j + bias_ij + t5(j - i) (q' = rot(scale q), k' = rot(k)), P_ij =
  * exp(S_ij - lse_i) and Delta_i = dO_i . O_i:
  *     dV_j = sum_i P_ij dO_i      dP_ij = dO_i . V_j      dS_ij = P_ij (dP_ij - Delta_i)
@@ -8,6 +8,24 @@
  *     dbias = dS summed over the bias's broadcast dims      dtable[h][bucket(j - i)] += dS_ij
  * Every task recomputes S, P and dP for the tiles it needs and owns its output elements (no atomics: the CPU
  * results are the same run to run). */
+
+#if FS_REAL_DOUBLE
+#define REAL double
+#define SUF(name) FS_V(name##_d)
+#define RNAME(name) name##_d
+#define EXP exp
+#else
+#define REAL float
+#define SUF(name) FS_V(name##_f)
+#define RNAME(name) name##_f
+#define EXP expf
+#endif
+#define LOAD_ROW RNAME(fs_load_row)
+#define STORE_ROW RNAME(fs_store_row)
+#define ROTATE_ROW RNAME(fs_rotate_row)
+#define ROTATE_POS RNAME(fs_rotate)
+#define MATMUL SUF(fs_matmul)
+#define EXP_ROW SUF(fs_exp_row)
 
 /* A block of query rows as the gradients need them. */
 typedef struct {
@@ -309,3 +327,14 @@ BLOCK_TARGET static void SUF(dtable_task)(void *ctx, int64_t t, void *scratch)
     }
     for (int n = 0; n < p->t5_buckets; n++) g->dtable[h * g->dtable_sh + n] = (float)acc[n];
 }
+
+#undef REAL
+#undef SUF
+#undef RNAME
+#undef EXP
+#undef LOAD_ROW
+#undef STORE_ROW
+#undef ROTATE_ROW
+#undef ROTATE_POS
+#undef MATMUL
+#undef EXP_ROW

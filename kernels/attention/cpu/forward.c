@@ -12,35 +12,9 @@
 
 #include <math.h>
 
-/* The block kernels in 16-byte vectors (SSE2, NEON: every machine), and on x86-64 also in 32-byte ones for AVX2 +
- * FMA, taken where the CPU has them */
-#define FS_VEC_BYTES 16
-#define BLOCK_TARGET
-#include "common/cpu_tile.h"
-#include "attention/cpu/softmax_row.h"
-#define FS_REAL_DOUBLE 0
-#include "attention/cpu/forward_block.h"
-#undef FS_REAL_DOUBLE
-#define FS_REAL_DOUBLE 1
-#include "attention/cpu/forward_block.h"
-#undef FS_REAL_DOUBLE
-#undef BLOCK_TARGET
-#undef FS_VEC_BYTES
-
-#if FS_CPU_AVX2
-#define FS_VEC_BYTES 32
-#define BLOCK_TARGET __attribute__((target("avx2,fma")))
-#include "common/cpu_tile.h"
-#include "attention/cpu/softmax_row.h"
-#define FS_REAL_DOUBLE 0
-#include "attention/cpu/forward_block.h"
-#undef FS_REAL_DOUBLE
-#define FS_REAL_DOUBLE 1
-#include "attention/cpu/forward_block.h"
-#undef FS_REAL_DOUBLE
-#undef BLOCK_TARGET
-#undef FS_VEC_BYTES
-#endif
+/* The block kernels in 16-byte and (x86-64) 32-byte AVX2 + FMA vectors */
+#define FS_BLOCK_HEADER "attention/cpu/forward_block.h"
+#include "attention/cpu/instantiate.h"
 
 /* What every task reads: the problem and its rotary table. */
 typedef struct {

@@ -1,8 +1,8 @@
 /* One (batch, head, query-block) of CPU flash attention. Paper notation (FlashAttention-2): a query block Q_i of Br
  * rows streams over key/value blocks K_j, V_j of Bc rows, keeping the running row max m_i, the running denominator
  * l_i and the unnormalised output O_i. No include guard: forward.c instantiates it per REAL (FS_REAL_DOUBLE 0: float
- * for fp16/bf16/fp32 inputs, 1: double for fp64) and per vector width (FS_VEC_BYTES, after common/cpu_tile.h and
- * softmax_row.h), with BLOCK_TARGET the width's target attribute: attention_block_f_16, ..._d_32. */
+ * for fp16/bf16/fp32 inputs, 1: double for fp64) and per vector width (FS_VEC_BYTES, through instantiate.h), with
+ * BLOCK_TARGET the width's target attribute: attention_block_f_16, ..., attention_block_d_32. */
 #if FS_REAL_DOUBLE
 #define REAL double
 #define RNAME(name) name##_d
