@@ -27,13 +27,16 @@ static PyObject *device_info(PyObject *module, PyObject *const *args, Py_ssize_t
     int device = 0;
     if (nargs > 1) return PyErr_Format(PyExc_TypeError, "device_info() takes at most 1 argument (%zd given)", nargs);
     if (nargs == 1) {
-        if (!PyLong_Check(args[0]) || PyBool_Check(args[0]))
+        if (!PyIndex_Check(args[0]) || PyBool_Check(args[0]))   /* ints, and NumPy's */
             return PyErr_Format(PyExc_TypeError, "device_info: device must be an int, got %.100s", Py_TYPE(args[0])->tp_name);
+        PyObject *index = PyNumber_Index(args[0]);
+        if (!index) return NULL;
         int overflow = 0;
-        const long d = PyLong_AsLongAndOverflow(args[0], &overflow);
-        if (d == -1 && PyErr_Occurred()) return NULL;
-        if (overflow || d < INT_MIN || d > INT_MAX)
-            return PyErr_Format(PyExc_ValueError, "flashsci: CUDA device %R is out of range", args[0]);
+        const long d = PyLong_AsLongAndOverflow(index, &overflow);
+        if ((d != -1 || !PyErr_Occurred()) && (overflow || d < INT_MIN || d > INT_MAX))
+            PyErr_Format(PyExc_ValueError, "flashsci: CUDA device %R is out of range", index);
+        Py_DECREF(index);
+        if (PyErr_Occurred()) return NULL;
         device = (int)d;
     }
     fs_gpu_props p;

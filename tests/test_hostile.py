@@ -241,6 +241,6 @@ def test_device_index_arguments():
         flashsci.device_info("0")
     with pytest.raises(TypeError, match="device must be an int, got bool"):
         flashsci.device_info(True)
-    for bad in (2**32, 2**64, -2**63 - 1):
+    for bad in (2**32, 2**64, -2**63 - 1, np.int64(2**40)):
         with pytest.raises(ValueError, match=f"CUDA device {bad} is out of range"):
             flashsci.device_info(bad)
