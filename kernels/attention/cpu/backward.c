@@ -22,9 +22,6 @@ typedef struct {
     const float *rot;
 } backward_job;
 
-/* x rotated for its position (dir -1: the inverse), by the table's angles when there is one */
-#define ROTATE(x, pos, dir) (rot ? ROTATE_ROW(x, D, rot + (int64_t)(pos) * D, dir) : ROTATE_POS(x, D, pos, p->rotary_base, dir))
-
 /* The block kernels in 16-byte and (x86-64) 32-byte AVX2 + FMA vectors */
 #define FS_BLOCK_HEADER "attention/cpu/backward_block.h"
 #include "attention/cpu/instantiate.h"

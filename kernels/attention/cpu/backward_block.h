@@ -22,8 +22,7 @@
 #endif
 #define LOAD_ROW RNAME(fs_load_row)
 #define STORE_ROW RNAME(fs_store_row)
-#define ROTATE_ROW RNAME(fs_rotate_row)
-#define ROTATE_POS RNAME(fs_rotate)
+#define ROTATE_AT RNAME(fs_rotate_at)
 #define MATMUL SUF(fs_matmul)
 #define EXP_ROW SUF(fs_exp_row)
 
@@ -67,7 +66,7 @@ BLOCK_TARGET static void SUF(load_qblock)(const fs_attn_bwd_params *g, const flo
         REAL *q = qb->q + (int64_t)r * D, *dout = qb->dout + (int64_t)r * D;
         LOAD_ROW((const char *)p->q + es * (b * p->q_sb + h * p->q_sh + row * p->q_ss), p->dtype, q, D);
         for (int d = 0; d < D; d++) q[d] *= (REAL)p->scale;
-        if (p->rotary) ROTATE(q, i0 + r, 1);
+        if (p->rotary) ROTATE_AT(q, D, rot, i0 + r, p->rotary_base, 1);
         LOAD_ROW((const char *)g->dout + es * (b * g->do_sb + h * g->do_sh + row * g->do_ss), p->dtype, dout, D);
         LOAD_ROW((const char *)p->o + es * (b * p->o_sb + h * p->o_sh + row * p->o_ss), p->dtype, tmp, D);
         REAL delta = 0;
@@ -91,7 +90,7 @@ BLOCK_TARGET static void SUF(load_kblock)(const fs_attn_params *p, const float *
             const int64_t key = seq.ko + j0 + c;
             REAL *k = kb->k + (int64_t)c * D;
             LOAD_ROW((const char *)p->k + es * (b * p->k_sb + hkv * p->k_sh + key * p->k_ss), p->dtype, k, D);
-            if (p->rotary) ROTATE(k, j0 + c, 1);
+            if (p->rotary) ROTATE_AT(k, D, rot, j0 + c, p->rotary_base, 1);
             LOAD_ROW((const char *)p->v + es * (b * p->v_sb + hkv * p->v_sh + key * p->v_ss), p->dtype, row, D);
             for (int d = 0; d < D; d++) {
                 kb->kt[(int64_t)d * FS_CPU_BC + c] = k[d];
@@ -187,7 +186,7 @@ BLOCK_TARGET static void SUF(dq_task)(void *ctx, int64_t t, void *scratch)
         if (p->cu_seqlens_q && r >= active) break; /* packed: the next sequence's rows */
         REAL *dqr = dq + (int64_t)r * D;
         if (r < active) {
-            if (p->rotary) ROTATE(dqr, i0 + r, -1);
+            if (p->rotary) ROTATE_AT(dqr, D, rot, i0 + r, p->rotary_base, -1);
             for (int d = 0; d < D; d++) dqr[d] *= (REAL)p->scale;
         }
         STORE_ROW(dqr, p->dtype, (char *)g->dq + es * (b * g->dq_sb + h * g->dq_sh + (seq.qo + i0 + r) * g->dq_ss), D);
@@ -238,7 +237,7 @@ BLOCK_TARGET static void SUF(dkv_task)(void *ctx, int64_t t, void *scratch)
     for (int c = 0; c < cols_in; c++) {
         if (p->cu_seqlens_k && c >= kcols) break; /* packed: the next sequence's keys */
         REAL *dkc = dk + (int64_t)c * D;
-        if (p->rotary && c < kcols) ROTATE(dkc, j0 + c, -1);
+        if (p->rotary && c < kcols) ROTATE_AT(dkc, D, rot, j0 + c, p->rotary_base, -1);
         const int64_t key = seq.ko + j0 + c;
         STORE_ROW(dkc, p->dtype, (char *)g->dk + es * (b * g->dk_sb + hkv * g->dk_sh + key * g->dk_ss), D);
         STORE_ROW(dv + (int64_t)c * D, p->dtype, (char *)g->dv + es * (b * g->dv_sb + hkv * g->dv_sh + key * g->dv_ss), D);
@@ -334,7 +333,6 @@ BLOCK_TARGET static void SUF(dtable_task)(void *ctx, int64_t t, void *scratch)
 #undef EXP
 #undef LOAD_ROW
 #undef STORE_ROW
-#undef ROTATE_ROW
-#undef ROTATE_POS
+#undef ROTATE_AT
 #undef MATMUL
 #undef EXP_ROW

@@ -129,6 +129,20 @@ static inline void fs_rotate_row_d(double *x, int D, const float *cs, int dir)
     }
 }
 
+/* x rotated for position pos (dir -1: the inverse) by row pos of the call's rotary table rot, or without a table by
+ * angles computed here. */
+static inline void fs_rotate_at_f(float *x, int D, const float *rot, int64_t pos, float base, int dir)
+{
+    if (rot) fs_rotate_row_f(x, D, rot + pos * D, dir);
+    else fs_rotate_f(x, D, pos, base, dir);
+}
+
+static inline void fs_rotate_at_d(double *x, int D, const float *rot, int64_t pos, float base, int dir)
+{
+    if (rot) fs_rotate_row_d(x, D, rot + pos * D, dir);
+    else fs_rotate_d(x, D, pos, base, dir);
+}
+
 /* Sequence b's rows: its first query and key rows in the (packed) tensors and its lengths, cut by seqlens. */
 typedef struct { int64_t qo, ko, q_len, k_len; } fs_cpu_seq;
 static inline fs_cpu_seq fs_cpu_sequence(const fs_attn_params *p, int64_t b)

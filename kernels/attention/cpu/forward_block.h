@@ -15,8 +15,6 @@
 #define LOG logf
 #endif
 #define WNAME(name) FS_V(RNAME(name)) /* name_<f|d>_<width> */
-/* x rotated for its position: the table's angles when there is one */
-#define ROTATE(x, pos) (rot ? RNAME(fs_rotate_row)(x, D, rot + (int64_t)(pos) * D, 1) : RNAME(fs_rotate)(x, D, pos, p->rotary_base, 1))
 
 /* rot: the call's rotary table (fs_rotary_table), or NULL */
 BLOCK_TARGET static void WNAME(attention_block)(const fs_attn_params *p, const float *rot, int64_t b, int64_t h,
@@ -49,7 +47,7 @@ BLOCK_TARGET static void WNAME(attention_block)(const fs_attn_params *p, const f
         if (r < active) {
             RNAME(fs_load_row)(qb + es * (b * p->q_sb + h * p->q_sh + (qo + i0 + r) * p->q_ss), p->dtype, Qi + r * D, D);
             for (int d = 0; d < D; d++) Qi[r * D + d] *= (REAL)p->scale;
-            if (p->rotary) ROTATE(Qi + r * D, i0 + r);
+            if (p->rotary) RNAME(fs_rotate_at)(Qi + r * D, D, rot, i0 + r, p->rotary_base, 1);
         }
         for (int d = 0; d < D; d++) Oi[r * D + d] = 0;
         m[r] = -INFINITY;
@@ -69,7 +67,7 @@ BLOCK_TARGET static void WNAME(attention_block)(const fs_attn_params *p, const f
         for (int c = 0; c < cols; c++) {
             REAL row[FS_CPU_MAX_D];
             RNAME(fs_load_row)(kb + es * (b * p->k_sb + hkv * p->k_sh + (ko + j0 + c) * p->k_ss), p->dtype, row, D);
-            if (p->rotary) ROTATE(row, j0 + c);
+            if (p->rotary) RNAME(fs_rotate_at)(row, D, rot, j0 + c, p->rotary_base, 1);
             for (int d = 0; d < D; d++) Kt[(int64_t)d * FS_CPU_BC + c] = row[d];
             RNAME(fs_load_row)(vb + es * (b * p->v_sb + hkv * p->v_sh + (ko + j0 + c) * p->v_ss), p->dtype, Vj + (int64_t)c * D, D);
         }
@@ -137,6 +135,5 @@ BLOCK_TARGET static void WNAME(attention_block)(const fs_attn_params *p, const f
 #undef REAL
 #undef RNAME
 #undef WNAME
-#undef ROTATE
 #undef EXP
 #undef LOG
