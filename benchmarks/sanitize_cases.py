@@ -26,7 +26,7 @@ def backward_cases():
     """Backward: every head dim, tails, causal, GQA, bshd, each option, varlen, empty problems."""
     dev, f16 = "cuda", torch.float16
     for dtype in (torch.float16, torch.bfloat16):
-        for d in (32, 64, 96, 128):
+        for d in (32, 64, 80, 96, 128):  # 80, 96 on Hopper: the D = 128 kernel reading them directly
             q = torch.randn(2, 4, 150, d, device=dev, dtype=dtype)
             k, v = (torch.randn(2, 2, 170, d, device=dev, dtype=dtype) for _ in range(2))
             backward(q, k, v)
@@ -48,10 +48,12 @@ def backward_cases():
     t5 = (torch.randn(4, 32, device=dev), 32, 128, True)
     out, lse = flashsci.attention(q, k, v, t5_bias=t5, return_lse=True)
     flashsci.attention_backward(torch.randn_like(out), q, k, v, out, lse, t5_bias=t5, t5_grad=True, deterministic=True)
-    qp, kp, vp = (torch.randn(500, 4, 128, device=dev, dtype=f16) for _ in range(3))
-    cu = torch.tensor([0, 1, 1, 200, 500], dtype=torch.int32, device=dev)
-    out, lse = flashsci.attention_varlen(qp, kp, vp, cu, cu, 300, 300, causal=True, return_lse=True, rotary=True)
-    flashsci.attention_varlen_backward(torch.randn_like(out), qp, kp, vp, out, lse, cu, cu, 300, 300, causal=True, rotary=True)
+    for d in (128, 112):
+        qp, kp, vp = (torch.randn(500, 4, d, device=dev, dtype=f16) for _ in range(3))
+        cu = torch.tensor([0, 1, 1, 200, 500], dtype=torch.int32, device=dev)
+        out, lse = flashsci.attention_varlen(qp, kp, vp, cu, cu, 300, 300, causal=True, return_lse=True, rotary=True)
+        flashsci.attention_varlen_backward(torch.randn_like(out), qp, kp, vp, out, lse, cu, cu, 300, 300, causal=True,
+                                           rotary=True)
     backward(q[:, :, :0], q, q)
     backward(q, q[:, :, :0], q[:, :, :0])
     torch.cuda.synchronize()

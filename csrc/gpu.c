@@ -158,9 +158,10 @@ static cudaError_t run_attention(const fs_attn_params *p, void *ctx)
 }
 
 /* Launch attention on device, or with plan non-NULL describe the launch as a dict in *plan. Hopper devices take the
- * sm_90a kernel for the problems it covers (and tests have not forced the portable one). A head dim without a kernel
- * of its own runs at the next one through zero-padded copies (fs_attention_forward_padded); on Hopper, one between 64
- * and 128 at 128 on the sm_90a kernel. */
+ * sm_90a kernel for the problems it covers (and tests have not forced the portable one), head dims 80, 96 and 112 on
+ * its D = 128 kernel directly (zeros read past the data's columns). Elsewhere a head dim without a kernel of its own
+ * runs at the next one through zero-padded copies (fs_attention_forward_padded); on Hopper, one between 64 and 128 at
+ * 128 on the sm_90a kernel. */
 static int attention_launch(const fs_attn_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice,
                             PyObject **plan)
 {
@@ -169,16 +170,18 @@ static int attention_launch(const fs_attn_params *p, int device, uintptr_t strea
     if (launch_begin(device, "attention", &props, &prev) < 0) return -1;
     fs_sm80_plan pl;
     fs_attn_params run = *p; /* the problem the kernels see: the padded head dim, rotary done by the copies */
-    run.D = fs_attention_run_dim(p->D);
+    const int hopper_ok = props.major == 9 && !choice->attention_sm80, direct = hopper_ok && fs_attention_sm90_covers(p, props.sm_count);
+    if (!direct) run.D = fs_attention_run_dim(p->D);
     if (run.D != p->D) run.rotary = 0;
-    if (props.major == 9 && !choice->attention_sm80 && run.D != p->D && p->D > 64 && p->D < 128) {
-        /* Hopper, D in (64, 128) without a kernel of its own: padded to 128 for the wgmma kernel rather than to 96 for
-         * the portable one (at D = 80: 62% of the FLOPs useful against 83%, on a kernel about twice as fast) */
+    if (hopper_ok && run.D != p->D && p->D > 64 && p->D < 128) {
+        /* Hopper, D in (64, 128) the kernel does not read directly: padded to 128 for the wgmma kernel rather than to
+         * 96 for the portable one (at D = 72: 56% of the FLOPs useful against 75%, on a kernel about twice as fast) */
         fs_attn_params wide = run;
         wide.D = 128;
         if (fs_attention_sm90_covers(&wide, props.sm_count)) run.D = 128;
     }
-    const int hopper = props.major == 9 && !choice->attention_sm80 && fs_attention_sm90_covers(&run, props.sm_count);
+    const int hopper = direct || (hopper_ok && fs_attention_sm90_covers(&run, props.sm_count));
+    const int head_dim_run = direct && p->D > 64 ? 128 : run.D; /* the kernel's head dim */
     launch_ctx ctx = {device, props.sm_count, props.major, hopper, (cudaStream_t)stream, plan ? &pl : NULL};
     cudaError_t err = plan || run.D == p->D ? run_attention(plan ? &run : p, &ctx)
                                             : fs_attention_forward_padded(p, run.D, device, (cudaStream_t)stream,
@@ -193,7 +196,7 @@ static int attention_launch(const fs_attn_params *p, int device, uintptr_t strea
                               "Br", pl.br, "Bc", pl.bc, "threads", pl.threads, "smem", pl.smem, "q_tiles", pl.n_qtiles,
                               "kv_splits", pl.n_splits, "cluster", pl.cluster, "blocks", pl.blocks, "blocks_per_sm", pl.blocks_per_sm,
                               "sm_count", props.sm_count, "waves", waves,
-                              "rotary", run.D != p->D && p->rotary ? "copy" : rotary[pl.rotary], "head_dim_run", run.D);
+                              "rotary", run.D != p->D && p->rotary ? "copy" : rotary[pl.rotary], "head_dim_run", head_dim_run);
         if (!*plan) return -1;
     }
     return 0;

@@ -130,9 +130,17 @@ def run_case(b, h, hkv, sq, sk, d, dtype, causal=False, kpm=None, lens=None, add
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [32, 64, 96, 128])
+@pytest.mark.parametrize("d", [32, 64, 80, 96, 128])
 def test_plain(d, causal, dtype):
     run_case(2, 3, 3, 300, 300, d, dtype, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_d80_long(dtype):
+    """D = 80 (the 2.7B LM's; on Hopper the D = 128 kernel reading 80 columns, its accumulator rows 80 wide): many key
+    blocks adding into every query tile, Sq != Sk, grouped K/V, causal with rotary."""
+    run_case(1, 4, 2, 700, 1100, 80, dtype)
+    run_case(2, 4, 4, 1000, 1000, 80, dtype, causal=True, rotary=10000.0, layout="bshd")
 
 
 @pytest.mark.parametrize("sq,sk", [(1, 1), (1, 200), (200, 1), (77, 300), (300, 77), (1024, 1024), (129, 128)])
@@ -173,8 +181,9 @@ def test_kernel_choice(kernel):
 
 
 def test_main_kernel_by_device():
-    """On Hopper (a 90a build) the wgmma main kernel runs a plain D = 64 backward and D = 80 padded to 128, the portable
-    one when forced and for an additive bias; elsewhere always the portable one (kernel names from the profiler)."""
+    """On Hopper (a 90a build) the wgmma main kernel runs a plain D = 64 backward, D = 80 on its D = 128 kernel without
+    padded copies and D = 72 padded to 128, the portable one when forced and for an additive bias; elsewhere always the
+    portable one (kernel names from the profiler)."""
     from flashsci.profile.trace import capture
     hopper = torch.cuda.get_device_capability()[0] == 9 and "90a" in flashsci.build_info()["cuda_architectures"]
 
@@ -191,7 +200,10 @@ def test_main_kernel_by_device():
     if not auto:
         pytest.skip("the profiler saw no CUDA kernels")
     assert ("attention_bwd_sm90<64" in auto) == hopper and ("attention_bwd_sm80" in auto) != hopper
-    assert ("attention_bwd_sm90<128" in kernels("auto", d=80, causal=True)) == hopper
+    d80 = kernels("auto", d=80, causal=True, rotary=True)
+    assert ("attention_bwd_sm90<128" in d80) == hopper and ("head_copy" in d80) != hopper
+    d72 = kernels("auto", d=72, causal=True)
+    assert ("attention_bwd_sm90<128" in d72) == hopper and "head_copy" in d72
     for names in (kernels("sm80"), kernels("auto", bias=torch.randn(256, 256, device="cuda"))):
         assert "attention_bwd_sm80" in names and "attention_bwd_sm90" not in names
 
@@ -324,10 +336,11 @@ def test_torch_autograd(dtype):
         assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("d", [16, 24, 40, 80, 136, 256])
+@pytest.mark.parametrize("d", [16, 24, 40, 72, 80, 112, 136, 256])
 def test_head_dims(d):
-    """D = 256 (its own kernel: four warps per 32 keys) and head dims that run padded to the next native one, with
-    rotary over the true head dim, causal masks, grouped K/V and packed sequences."""
+    """D = 256 (its own kernel: four warps per 32 keys), head dims that run padded to the next native one and (Hopper)
+    80 and 112 on the D = 128 kernel without copies, with rotary over the true head dim, causal masks, grouped K/V and
+    packed sequences."""
     run_case(2, 4, 4, 200, 200, d, torch.bfloat16)
     run_case(2, 4, 2, 230, 230, d, torch.float16, causal=True, rotary=10000.0)
     run_case(1, 4, 4, 150, 150, d, torch.float16, kpm=torch.rand(1, 150, device="cuda") < 0.7, layout="bshd")
@@ -347,7 +360,7 @@ def repeated_equal(first, run):
         assert all(torch.equal(x, y) for x, y in zip(first, again))
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 80, 128])
 def test_deterministic(d):
     """deterministic=True: bit-identical across runs (Hopper: dQ's adds in key-block order; elsewhere the dQ kernel by
     query block), as accurate as the default."""

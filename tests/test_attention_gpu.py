@@ -290,13 +290,14 @@ def test_cuda_array_interface_stream_is_honoured():
 
 def test_hopper_dispatch():
     """On sm_90 devices large fp16/bf16 problems at D = 64 and 128 run on the wgmma kernel (a persistent grid of
-    at most one block per SM), and D = 80 (the 2.7B LM's) padded to 128 there; small ones and D = 96 on sm80."""
+    at most one block per SM), and D = 80, 96 (read directly) and 72 (padded) on its D = 128 kernel; small ones on
+    sm80."""
     plans = [flashsci._flashsci._launch_plan(8, h, 1024, 1024, d, False) for h, d in ((32, 128), (40, 64))]
     assert flashsci._flashsci._launch_plan(1, 1, 128, 128, 64, False)["kernel"] == "sm80"
-    assert flashsci._flashsci._launch_plan(8, 40, 1024, 1024, 96, False)["kernel"] == "sm80"
     hopper = hopper_kernel()
-    d80 = flashsci._flashsci._launch_plan(4, 32, 1024, 1024, 80, True)
-    assert (d80["kernel"], d80["head_dim_run"]) == (("sm90", 128) if hopper else ("sm80", 96))
+    for d in (72, 80, 96):
+        plan = flashsci._flashsci._launch_plan(4, 32, 1024, 1024, d, True)
+        assert (plan["kernel"], plan["head_dim_run"]) == (("sm90", 128) if hopper else ("sm80", 96)), d
     for plan in plans:
         assert plan["kernel"] == ("sm90" if hopper else "sm80")
         if hopper:

@@ -1,12 +1,16 @@
-"""The padded head-dim path kernel by kernel: one causal forward and one backward of the 2.7B LM's attention
-(4, 32, S, 80, rotary, bf16) under torch.profiler, every kernel in launch order with its time, against the same call
-at D = 128 (native) and SDPA at D = 80; then whole-call times by CUDA events (median of 20)."""
+"""Head dims without a kernel of their own, kernel by kernel: one causal forward and one backward of the 2.7B LM's
+attention (4, 32, S, D, rotary, bf16) under torch.profiler, every kernel in launch order with its time, at D = 80 and
+112 (on Hopper the D = 128 kernel reading them directly), 72 (padded copies) and 128 (native); then whole-call times
+by CUDA events (median of 20) against SDPA without rotary, and D = 96 on the Hopper kernel against the portable one.
+    python benchmarks/experiments/padded_head_dim_copies.py [S]"""
+import sys
+
 import torch
 import flashsci
 import flashsci.torch_ops
 from flashsci.profile.trace import capture
 
-S = 2048
+S = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
 
 
 def inputs(D, grad=True):
@@ -27,7 +31,8 @@ def timed(fn, n=20):
     return sorted(ts[3:])[n // 2]
 
 
-for D in (80, 128):
+print(torch.cuda.get_device_name(), f"S = {S}")
+for D in (72, 80, 112, 128):
     q, k, v = inputs(D)
     fwd_bwd(q, k, v)
     _, t = capture(lambda: fwd_bwd(q, k, v))
@@ -38,8 +43,19 @@ for D in (80, 128):
         print(f"   {e['us']:8.1f} us  {e['name'][:100]}")
     print(f"   {tot:8.1f} us  total")
     print(f"D = {D}: forward+backward {timed(lambda: fwd_bwd(q, k, v)):.3f} ms")
-q, k, v = inputs(80)
-def sdpa():
-    o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-    o.backward(torch.randn_like(o))
-print(f"SDPA D = 80 (no rotary): forward+backward {timed(sdpa):.3f} ms")
+for D in (80, 112):
+    q, k, v = inputs(D)
+
+    def sdpa():
+        o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                             is_causal=True)
+        o.backward(torch.randn_like(o))
+    print(f"SDPA D = {D} (no rotary): forward+backward {timed(sdpa):.3f} ms")
+q, k, v = inputs(96)
+for turn in range(2):
+    for kernel in ("auto", "sm80"):
+        flashsci._flashsci._set_attention_kernel(kernel)
+        try:
+            print(f"D = 96 {kernel}: forward+backward {timed(lambda: fwd_bwd(q, k, v)):.3f} ms")
+        finally:
+            flashsci._flashsci._set_attention_kernel("auto")

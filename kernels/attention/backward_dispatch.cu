@@ -59,10 +59,14 @@ static fs_head_copy operand_copy(const fs_attn_params *p, int query_side, int H,
     return c;
 }
 
-/* The head dim the kernels run p at: its own or the next native one; on Hopper, D in (64, 128) at 128 where the wgmma
- * kernel takes the padded problem (as the forward: at D = 80 that kernel is faster than the portable one at 96). */
+/* The head dim the kernels run p at: its own where a kernel reads it (on Hopper also 80, 96 and 112, which the wgmma
+ * kernel reads directly: sm90_kernel_dim) or the next native one; on Hopper, other D in (64, 128) at 128 where the
+ * wgmma kernel takes the padded problem (as the forward: faster than the portable kernel at 96). */
 static int backward_dim(const fs_attn_bwd_params *g, int sm90)
 {
+    fs_attn_bwd_params view = *g; /* the kernels' view: rotary done by the pre-pass */
+    view.p.rotary = 0;
+    if (sm90 && fs_sm90_backward_covers(&view, g->p.rotary, g->p.D)) return g->p.D;
     const int Dp = fs_attention_run_dim(g->p.D);
     if (!sm90 || Dp == g->p.D || g->p.D < 64 || g->p.D > 128) return Dp;
     fs_attn_bwd_params wide = *g;

@@ -130,7 +130,9 @@ static cudaError_t launch_dtype(const fs_rotary_args *a, int D, int device, cuda
     switch (D) {
     case 32: return launch<32, T>(a, device, stream);
     case 64: return launch<64, T>(a, device, stream);
+    case 80: return launch<80, T>(a, device, stream); /* 80, 112: the Hopper kernels' narrow head dims */
     case 96: return launch<96, T>(a, device, stream);
+    case 112: return launch<112, T>(a, device, stream);
     case 128: return launch<128, T>(a, device, stream);
     case 256: return launch<256, T>(a, device, stream);
     default: return cudaErrorInvalidValue;

@@ -150,7 +150,9 @@ static cudaError_t launch_post_dtype(const fs_pass_args *a, int device, cudaStre
     switch (a->g.p.D) {
     case 32: return launch_post<32, T>(a, device, stream);
     case 64: return launch_post<64, T>(a, device, stream);
+    case 80: return launch_post<80, T>(a, device, stream); /* 80, 112: the Hopper kernel's narrow head dims */
     case 96: return launch_post<96, T>(a, device, stream);
+    case 112: return launch_post<112, T>(a, device, stream);
     case 128: return launch_post<128, T>(a, device, stream);
     case 256: return launch_post<256, T>(a, device, stream);
     default: return cudaErrorNotSupported;

@@ -18,7 +18,7 @@ int fs_sm90_backward_covers(const fs_attn_bwd_params *g, int rotary, int rotary_
     int sq, sk, nb;
     sm90_extent(p, 1, &sq, &nb);
     sm90_extent(p, 0, &sk, &nb);
-    return (p->dtype == FS_F16 || p->dtype == FS_BF16) && (p->D == 64 || p->D == 128) && p->Sq > 0 && p->Sk > 0 &&
+    return (p->dtype == FS_F16 || p->dtype == FS_BF16) && sm90_kernel_dim(p->D) && p->Sq > 0 && p->Sk > 0 &&
            sq > 0 && sk > 0 && sq < INT32_MAX && sk < INT32_MAX && !p->bias && !p->t5_table && !p->rotary &&
            (!rotary || rotary_dim == p->D) && !g->dtable && !g->dbias &&
            sm90_strides_ok(sq, p->H, nb, p->q_ss, p->q_sh, p->q_sb) && sm90_strides_ok(sk, hkv, nb, p->k_ss, p->k_sh, p->k_sb) &&

@@ -40,10 +40,10 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     sm90_extent(p, 1, &sq, &nb);
     sm90_extent(p, 0, &sk, &nb);
     CUtensorMap mq, mk, mv, mdo;
-    cudaError_t err = sm90_map(&mq, p->q, bf16, sq, p->H, nb, D, p->q_ss, p->q_sh, p->q_sb, tile::BR);
-    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, hkv, nb, D, p->k_ss, p->k_sh, p->k_sb, tile::BC);
-    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, hkv, nb, D, p->v_ss, p->v_sh, p->v_sb, tile::BC);
-    if (err == cudaSuccess) err = sm90_map(&mdo, g->dout, bf16, sq, p->H, nb, D, g->do_ss, g->do_sh, g->do_sb, tile::BR);
+    cudaError_t err = sm90_map(&mq, p->q, bf16, sq, p->H, nb, p->D, p->q_ss, p->q_sh, p->q_sb, tile::BR);
+    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, hkv, nb, p->D, p->k_ss, p->k_sh, p->k_sb, tile::BC);
+    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, hkv, nb, p->D, p->v_ss, p->v_sh, p->v_sb, tile::BC);
+    if (err == cudaSuccess) err = sm90_map(&mdo, g->dout, bf16, sq, p->H, nb, p->D, g->do_ss, g->do_sh, g->do_sb, tile::BR);
     if (err == cudaSuccess) err = fs_kernel_prepare((const void *)attention_bwd_sm90<D, T, CAUSAL, ORDERED>, &handle, SMEM, device);
     void *args[] = {&mq, &mk, &mv, &mdo, &a};
     if (err == cudaSuccess) err = fs_launch(&handle, device, (unsigned)blocks, 384, SMEM, stream, args);
@@ -63,7 +63,7 @@ static cudaError_t bwd90_launch_d(const fs_attn_bwd_params *g, const fs_sm90_bwd
 template <typename T>
 static cudaError_t bwd90_launch_dtype(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream)
 {
-    switch (g->p.D) {
+    switch (sm90_kernel_dim(g->p.D)) { /* 80, 96, 112 on the D = 128 kernel, zeros past their columns */
     case 64: return bwd90_launch_d<64, T>(g, w, device, stream);
     case 128: return bwd90_launch_d<128, T>(g, w, device, stream);
     default: return cudaErrorNotSupported;

@@ -68,6 +68,21 @@ template <class K> FS_DEV_T void sm90_bwd_order_warp(const fs_sm90_bwd_args &a, 
         }
 }
 
+/* dK (a thread's NO column groups of 8, rows key0 and key0 + 8) rotated back over rd = 16 HALF columns: group n pairs
+ * with n + HALF; HALF a constant so that the pairs stay in registers. */
+template <int HALF, int NO>
+FS_DEV_T void bwd_unrotate(float (&dk)[NO * 4], int key0, int t4, int rd, float base)
+{
+#pragma unroll
+    for (int n = 0; n < HALF; n++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const float inv_freq = rotary_inv_freq(8 * n + 2 * t4 + c, rd, base);
+#pragma unroll
+            for (int r = 0; r < 2; r++) unrotate_pair(dk[4 * n + 2 * r + c], dk[4 * (n + HALF) + 2 * r + c], (float)(key0 + 8 * r), inv_freq);
+        }
+}
+
 /* A consumer thread's whole work for its block (consumer warpgroup cw = 0, 1). */
 template <class K>
 FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const fs_sm90_bwd_args &a, const sm90_bwd_block &blk,
@@ -194,14 +209,16 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         /* dQ_i added into the accumulator: float2 atomics (red.global.add.v2.f32), this thread's rows and pairs; in
          * order of key block when deterministic (this warpgroup's counter of the tile) */
         if constexpr (K::ORDERED) bwd_order_go(cw);
+        const int dq_col = (D == 64 ? 0 : cw * 64) + 2 * t4; /* accumulator rows of the data's p.D columns */
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int q = q0 + (D == 64 ? cw * 64 : 0) + warp * 16 + gr + 8 * r;
             if (q < q_len) {
-                float *dst = a.dq_acc + fs_bwd_row(p, blk.b, h, blk.seq.qo, q) * D + (D == 64 ? 0 : cw * 64) + 2 * t4;
+                float *dst = a.dq_acc + fs_bwd_row(p, blk.b, h, blk.seq.qo, q) * p.D + dq_col;
 #pragma unroll
                 for (int n = 0; n < 8; n++)
-                    atomicAdd(reinterpret_cast<float2 *>(dst + 8 * n), make_float2(dq[4 * n + 2 * r], dq[4 * n + 2 * r + 1]));
+                    if (D == 64 || dq_col + 8 * n < p.D)
+                        atomicAdd(reinterpret_cast<float2 *>(dst + 8 * n), make_float2(dq[4 * n + 2 * r], dq[4 * n + 2 * r + 1]));
             }
         }
         if constexpr (K::ORDERED) bwd_order_added(cw);
@@ -211,18 +228,16 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
     }
     if (cw == 0 && blk.n_iter > 0) bwd_turn_wait(cw); /* the last pass to warpgroup 0 taken (barrier counts balanced) */
 
-    /* dV_j and dK_j scaled (and rotated back: column c pairs with c + D / 2, both this thread's), this thread's key
-     * rows key0, key0 + 8: inside the sequence, zeros past it in a padded batch (none for packed rows) */
-    if (a.rotary)
-#pragma unroll
-        for (int n = 0; n < NO / 2; n++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const float inv_freq = rotary_inv_freq(8 * n + 2 * t4 + c, D, a.rotary_base);
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-                    unrotate_pair(dk[4 * n + 2 * r + c], dk[4 * (n + NO / 2) + 2 * r + c], (float)(key0 + 8 * r), inv_freq);
-            }
+    /* dV_j and dK_j scaled (and rotated back over the data's head dim p.D: column c pairs with c + p.D / 2, both this
+     * thread's), this thread's key rows key0, key0 + 8: inside the sequence, zeros past it in a padded batch (none for
+     * packed rows); the columns past p.D (zeros: sm90_kernel_dim) are not stored */
+    if (a.rotary) {
+        if constexpr (D == 64) bwd_unrotate<4, NO>(dk, key0, t4, p.D, a.rotary_base);
+        else if (p.D == 80) bwd_unrotate<5, NO>(dk, key0, t4, p.D, a.rotary_base);
+        else if (p.D == 96) bwd_unrotate<6, NO>(dk, key0, t4, p.D, a.rotary_base);
+        else if (p.D == 112) bwd_unrotate<7, NO>(dk, key0, t4, p.D, a.rotary_base);
+        else bwd_unrotate<8, NO>(dk, key0, t4, p.D, a.rotary_base);
+    }
     const int rows = p.cu_seqlens_q ? k_len : p.Sk;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -233,11 +248,12 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         T *dvp = static_cast<T *>(g.dv) + blk.tb * g.dv_sb + blk.hkv * g.dv_sh + at * g.dv_ss + 2 * t4;
         T *dkp = static_cast<T *>(g.dk) + blk.tb * g.dk_sb + blk.hkv * g.dk_sh + at * g.dk_ss + 2 * t4;
 #pragma unroll
-        for (int n = 0; n < NO; n++) {
-            *reinterpret_cast<uint32_t *>(dvp + 8 * n) = pack2<T>(dv[4 * n + 2 * r] * keep, dv[4 * n + 2 * r + 1] * keep);
-            *reinterpret_cast<uint32_t *>(dkp + 8 * n) =
-                pack2<T>(dk[4 * n + 2 * r] * a.scale * keep, dk[4 * n + 2 * r + 1] * a.scale * keep);
-        }
+        for (int n = 0; n < NO; n++)
+            if (D == 64 || 8 * n < p.D) {
+                *reinterpret_cast<uint32_t *>(dvp + 8 * n) = pack2<T>(dv[4 * n + 2 * r] * keep, dv[4 * n + 2 * r + 1] * keep);
+                *reinterpret_cast<uint32_t *>(dkp + 8 * n) =
+                    pack2<T>(dk[4 * n + 2 * r] * a.scale * keep, dk[4 * n + 2 * r + 1] * a.scale * keep);
+            }
     }
 }
 #endif

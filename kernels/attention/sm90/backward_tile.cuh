@@ -33,7 +33,7 @@ typedef struct {
     fs_attn_bwd_params g; /* g.p: q and k as the kernel reads them (rotated by the dispatcher's pre-pass, rotary off) */
     float scale_log2;    /* scale * log2(e) */
     float scale;
-    float *dq_acc;       /* float32 rows of D at fs_bwd_row: ((b H + h) Sq + i) padded, (h total_q + qo + i) packed;
+    float *dq_acc;       /* float32 rows of g.p.D at fs_bwd_row: ((b H + h) Sq + i) padded, (h total_q + qo + i) packed;
                           * zeroed by the pre-pass */
     const float *delta;  /* rowsum(dO o O), one float per row as above */
     int n_kblocks;

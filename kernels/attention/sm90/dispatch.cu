@@ -48,9 +48,10 @@ static int sm90_narrow_keys(const fs_attn_params *p)
 static fs_sm90_variant sm90_variant(const fs_attn_params *p, int sm_count)
 {
     const bool feat = sm90_feat(p);
-    if (p->kpm) return p->D == 128 ? FS_SM90_D128_KPM : FS_SM90_D64_KPM;
+    const bool d128 = sm90_kernel_dim(p->D) == 128;
+    if (p->kpm) return d128 ? FS_SM90_D128_KPM : FS_SM90_D64_KPM;
     if (sm90_t5_plain(p)) return FS_SM90_D128_T5;
-    if (p->D == 128) return feat ? FS_SM90_D128_FEAT : FS_SM90_D128;
+    if (d128) return feat ? FS_SM90_D128_FEAT : FS_SM90_D128;
     if (!feat) return sm90_two_wg64(p, sm_count) ? FS_SM90_D64_2WG : FS_SM90_D64;
     return sm90_narrow_keys(p) ? FS_SM90_D64_FEAT_BC64 : FS_SM90_D64_FEAT;
 }
@@ -70,7 +71,7 @@ static int sm90_pays(const fs_attn_params *p, long long items, int sm_count)
 {
     if (items >= sm_count) return 1;
     if (2LL * p->Sq < p->Sk || p->Sk > 4096) return 0;
-    if (p->D == 128) return 1;
+    if (sm90_kernel_dim(p->D) == 128) return 1;
     if (!p->causal && !sm90_feat(p) && !p->rotary && p->Sk >= 256) /* Br = 128 items: sm90_two_wg64 */
         return p->Sk <= 512 || 4 * sm90_items(p, 128) >= sm_count;
     return 3 * items >= 2LL * sm_count && p->Sk >= 512;
@@ -80,12 +81,12 @@ static int sm90_pays(const fs_attn_params *p, long long items, int sm_count)
 extern "C" int fs_attention_sm90_covers(const fs_attn_params *p, int sm_count)
 {
 #ifdef FLASHSCI_SM90A
-    const int br = 64 * sm90_nwg(p->D), hkv = fs_kv_heads(p);
+    const int dk = sm90_kernel_dim(p->D), br = 64 * sm90_nwg(dk), hkv = fs_kv_heads(p);
     int sq, sk, nb, lneg = 0, t5_n = 0;
     sm90_extent(p, 1, &sq, &nb);
     sm90_extent(p, 0, &sk, &nb);
     if (p->t5_table) fs_t5_span(p, &lneg, &t5_n);
-    return (p->dtype == FS_F16 || p->dtype == FS_BF16) && (p->D == 64 || p->D == 128) && p->Sq > 0 && p->Sk > 0 &&
+    return (p->dtype == FS_F16 || p->dtype == FS_BF16) && dk && p->Sq > 0 && p->Sk > 0 &&
            !p->bias && t5_n <= FS_SM90_T5_MAX && sq > 0 && sk > 0 &&
            (!p->cu_seqlens_q || (p->total_q < INT32_MAX && p->total_k < INT32_MAX)) &&
            sm90_strides_ok(sq, p->H, nb, p->q_ss, p->q_sh, p->q_sb) && sm90_strides_ok(sk, hkv, nb, p->k_ss, p->k_sh, p->k_sb) &&

@@ -1,6 +1,7 @@
 /* Hopper attention forward: the epilogue of a work item in one consumer warpgroup. 1 / l and the logsumexp per row
  * (row_scale), then O_i / l_i through the warpgroup's staging tile and a TMA store issued after the next barrier the
- * warpgroup passes (finish, store), or by direct stores for the last rows of a packed sequence. */
+ * warpgroup passes (finish, store), or by direct stores for the last rows of a packed sequence; columns past the data's
+ * head dim p.D are dropped either way. */
 #ifndef FLASHSCI_ATTENTION_SM90_EPILOGUE_CUH
 #define FLASHSCI_ATTENTION_SM90_EPILOGUE_CUH
 
@@ -103,8 +104,9 @@ template <int D, int NWG, typename T, bool FEAT> struct sm90_epilogue {
                 if (row >= w.seq.q_len) continue;
 #pragma unroll
                 for (int n = 0; n < NO; n++)
-                    *reinterpret_cast<uint32_t *>(gO + (int64_t)row * p.o_ss + n * 8 + 2 * t4) =
-                        pack2<T>(o[4 * n + 2 * r] * inv[r], o[4 * n + 2 * r + 1] * inv[r]);
+                    if (n * 8 < p.D) /* a head dim below D: its columns only (sm90_kernel_dim) */
+                        *reinterpret_cast<uint32_t *>(gO + (int64_t)row * p.o_ss + n * 8 + 2 * t4) =
+                            pack2<T>(o[4 * n + 2 * r] * inv[r], o[4 * n + 2 * r + 1] * inv[r]);
             }
         }
     }

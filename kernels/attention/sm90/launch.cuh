@@ -13,7 +13,8 @@
 #include "common/tma.cuh"
 #include "common/workspace.h"
 
-/* Launch one tile shape on a persistent grid (one block per SM, at most one per work item), or only describe it.
+/* Launch one tile shape on a persistent grid (one block per SM, at most one per work item), or only describe it;
+ * p->D may be below the kernel's D (sm90_kernel_dim: the tensor maps fill and drop the columns past it).
  * FEAT: the kernel with packed sequences, seqlens and the T5 bias; KPM: with a key padding mask too; T5: the plain
  * kernel with the T5 bias. */
 template <int D, int BC, int NWG, typename T, bool FEAT, bool KPM = false, bool T5 = false>
@@ -89,11 +90,11 @@ static cudaError_t launch(const fs_attn_params *p, int device, int sm_count, cud
     sm90_extent(p, 1, &sq, &nb);
     sm90_extent(p, 0, &sk, &nb);
     CUtensorMap mq, mk, mv, mo;
-    if (err == cudaSuccess) err = sm90_map(&mq, p->q, bf16, sq, p->H, nb, D, p->q_ss, p->q_sh, p->q_sb, BR);
+    if (err == cudaSuccess) err = sm90_map(&mq, p->q, bf16, sq, p->H, nb, p->D, p->q_ss, p->q_sh, p->q_sb, BR);
     const int hkv = fs_kv_heads(p);
-    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, hkv, nb, D, p->k_ss, p->k_sh, p->k_sb, BC);
-    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, hkv, nb, D, p->v_ss, p->v_sh, p->v_sb, BC);
-    if (err == cudaSuccess) err = sm90_map(&mo, p->o, bf16, sq, p->H, nb, D, p->o_ss, p->o_sh, p->o_sb, 64);
+    if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, hkv, nb, p->D, p->k_ss, p->k_sh, p->k_sb, BC);
+    if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, hkv, nb, p->D, p->v_ss, p->v_sh, p->v_sb, BC);
+    if (err == cudaSuccess) err = sm90_map(&mo, p->o, bf16, sq, p->H, nb, p->D, p->o_ss, p->o_sh, p->o_sb, 64);
     void *args[] = {&mq, &mk, &mv, &mo, &a};
     if (err == cudaSuccess) err = fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
     if (ws) {

@@ -1,4 +1,5 @@
-/* Hopper attention, host side: the TMA tensor maps the forward and backward kernels read q, k, v, o and dO through. */
+/* Hopper attention, host side: the TMA tensor maps the forward and backward kernels read q, k, v, o and dO through,
+ * and the head dims they take through them. */
 #ifndef FLASHSCI_ATTENTION_SM90_TENSOR_MAP_H
 #define FLASHSCI_ATTENTION_SM90_TENSOR_MAP_H
 
@@ -6,8 +7,18 @@
 
 #include "common/tma.cuh"
 
-/* A 4-D tensor map over one of q, k, v as (D, S, H, B) read in boxes of 64 columns x rows; a size-1 dim gets
- * a nominal stride (TMA wants every stride a nonzero multiple of 16 bytes). */
+/* The head dim of the kernel that runs data of head dim d, or 0: 64 and 128 their own; 80, 96 and 112 the D = 128
+ * kernel, whose boxes of 64 columns read zeros past the data's d columns (TMA's out-of-bounds fill) and whose stores
+ * drop the columns past them, so no padded copies are made. d % 16 == 0: the rotary pre-pass and the backward's
+ * post-pass turn chunk pairs of 8 columns at d / 2 apart. */
+static inline int sm90_kernel_dim(int d)
+{
+    return d == 64 ? 64 : d > 64 && d <= 128 && d % 16 == 0 ? 128 : 0;
+}
+
+/* A 4-D tensor map over one of q, k, v, o, dO as (D, S, H, B) read in boxes of 64 columns x rows (columns past D
+ * read as zeros, stores past D dropped); a size-1 dim gets a nominal stride (TMA wants every stride a nonzero
+ * multiple of 16 bytes). */
 static inline cudaError_t sm90_map(CUtensorMap *map, const void *base, int bf16, int S, int H, int B, int D, int64_t ss,
                             int64_t sh, int64_t sb, int rows)
 {

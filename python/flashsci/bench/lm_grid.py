@@ -1,8 +1,9 @@
 """The transformer-LM grid of the profiling study (python -m flashsci.bench --lm-grid): the five sizes of
 bench/models/lm.py × context 128…4096, batch 4, bf16, each with naive, SDPA and flashsci attention. Per cell: the
-inference forward (no grad) and one training step (forward, backward, AdamW) — the median of 3 rounds of 5 calls
-back to back, timed by CUDA events, after a warm-up — the step's peak memory under an 80 GB H100's limit (torch's
-per-process memory fraction), out-of-memory cells, and one profiled forward and step (flashsci.profile): GEMM
+inference forward (no grad) and one training step (forward, backward, fused AdamW) — one model and optimizer per cell,
+its attention switched between turns, the three taking turns in alternating order over 4 rounds of 5 calls back to
+back (CUDA events, after a warm-up), the median per attention — the step's peak memory under an 80 GB H100's limit
+(torch's per-process memory fraction), out-of-memory cells, and one profiled forward and step (flashsci.profile): GEMM
 fraction per pass, dominant kernel and top non-GEMM kernel, attention's share of the step, and inside the naive
 attention the softmax's time against its two matmuls'."""
 import gc
@@ -17,22 +18,34 @@ BATCH = 4
 H100_GIB = 79.1       # what torch reports as an 80 GB H100's total memory
 
 
-def median_ms(torch, fn, n=5, rounds=3):
-    """ms per call: the median over `rounds` of n back-to-back calls between two CUDA events, after a warm-up call.
-    The host queues calls ahead as a training loop does, so a cell shows max(host time, GPU time) per call; timing each
-    call alone with a synchronize (the first version) moved the host-bound cells by up to 40% between runs."""
-    fn()
+ROUNDS = 4
+
+
+def paired_ms(torch, fns, n=5, rounds=ROUNDS):
+    """ms per call of each fn in fns (name -> fn, or None where it ran out of memory): the median over `rounds` of n
+    back-to-back calls between two CUDA events, the fns taking turns in an order reversed every round (drift and the
+    power cap's state fall on all alike), after a warm-up call each. The host queues calls ahead as a training loop does,
+    so a cell shows max(host time, GPU time) per call."""
+    names = [k for k, f in fns.items() if f is not None]
+    times = {k: [] for k in names}
+    for k in names:
+        fns[k]()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(n):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / n)
-    return statistics.median(times)
+    for r in range(rounds):
+        for k in (names if r % 2 == 0 else names[::-1]):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(n):
+                fns[k]()
+            end.record()
+            end.synchronize()
+            times[k].append(start.elapsed_time(end) / n)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def set_attention(model, attention):
+    for block in model.blocks:
+        block.attention = attention
 
 
 def passes(trace):
@@ -57,21 +70,24 @@ def passes(trace):
     return out
 
 
-def cell(torch, size, ctx, attention):
-    """One cell's row; out-of-memory marks the phase that ran out."""
+def cell(torch, size, ctx):
+    """The cell's rows, one per attention: each runs one forward and one step alone first (peak memory, out of memory:
+    the phase that ran out), then those that fit are timed in turns (paired_ms) and profiled."""
     from flashsci.profile.trace import capture
     rf = torch.profiler.record_function
-    row = {"size": size, "context": ctx, "attention": attention}
+    rows = {a: {"size": size, "context": ctx, "attention": a} for a in ATTENTION}
     model = opt = None
     try:
         torch.manual_seed(0)
         with torch.device("cuda"):
-            model = LM(size, attention)
+            model = LM(size, "sdpa")
         model = model.bfloat16()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         ids = torch.randint(VOCAB, (BATCH, ctx + 1), device="cuda")
-        with torch.no_grad():
-            row["forward ms"] = median_ms(torch, lambda: model(ids[:, :-1]))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def forward():
+            with torch.no_grad():
+                model(ids[:, :-1])
 
         def step():
             with rf("forward"):
@@ -81,25 +97,44 @@ def cell(torch, size, ctx, attention):
             with rf("optimizer"):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-        step()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        row["step ms"] = median_ms(torch, step)
-        row["peak GiB"] = torch.cuda.max_memory_allocated() / 2**30
+        fits = {"forward ms": set(), "step ms": set()}
+        for a in ATTENTION:
+            set_attention(model, a)
+            try:
+                forward()
+                fits["forward ms"].add(a)
+                step()                      # the optimizer's state exists from the first attention's step on
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                step()
+                torch.cuda.synchronize()
+                rows[a]["peak GiB"] = torch.cuda.max_memory_allocated() / 2**30
+                fits["step ms"].add(a)
+            except torch.OutOfMemoryError:
+                rows[a]["oom"] = "training step" if a in fits["forward ms"] else "forward"
+                opt.zero_grad(set_to_none=True)
+                gc.collect()
+                torch.cuda.empty_cache()
 
-        def profiled():
-            with torch.no_grad(), rf("inference"):
-                model(ids[:, :-1])
-            step()
-        _, trace = capture(profiled)
-        row["profile"] = passes(trace)
-    except torch.OutOfMemoryError:
-        row["oom"] = "forward" if "forward ms" not in row else "training step"
+        def turn(a, fn, key):
+            return (lambda: (set_attention(model, a), fn())) if a in fits[key] else None
+        for key, fn in (("forward ms", forward), ("step ms", step)):
+            for a, ms in paired_ms(torch, {a: turn(a, fn, key) for a in ATTENTION}).items():
+                rows[a][key] = ms
+        for a in fits["step ms"]:
+            set_attention(model, a)
+
+            def profiled():
+                with torch.no_grad(), rf("inference"):
+                    model(ids[:, :-1])
+                step()
+            _, trace = capture(profiled)
+            rows[a]["profile"] = passes(trace)
     finally:
         model = opt = None
         gc.collect()
         torch.cuda.empty_cache()
-    return row
+    return [rows[a] for a in ATTENTION]
 
 
 def run_lm_grid(out_dir, sizes=None, contexts=None):
@@ -109,13 +144,14 @@ def run_lm_grid(out_dir, sizes=None, contexts=None):
     rows = []
     for size in sizes or SIZES:
         for ctx in contexts or CONTEXTS:
-            for attention in ATTENTION:
-                r = cell(torch, size, ctx, attention)
+            for r in cell(torch, size, ctx):
                 rows.append(r)
+                attention = r["attention"]
                 print(f"{size:6s} {ctx:5d} {attention:8s} " + (f"out of memory ({r['oom']})" if "oom" in r else
                       f"forward {r['forward ms']:8.2f} ms  step {r['step ms']:8.2f} ms  peak {r['peak GiB']:5.1f} GiB"),
                       flush=True)
-    meta = {"gpu": props.name, "torch": torch.__version__, "batch": BATCH, "memory limit GiB": H100_GIB,
+    meta = {"gpu": props.name, "torch": torch.__version__, "batch": BATCH, "memory limit GiB": H100_GIB, "rounds": ROUNDS,
+            "optimizer": "AdamW(fused=True)",
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     if out_dir:
         stem = f"lm_grid_{slug(props.name)}_bfloat16"
@@ -136,11 +172,12 @@ def markdown(meta, rows):
     sizes = list(dict.fromkeys(r["size"] for r in rows))
     ctxs = sorted({r["context"] for r in rows})
     md = [f"# Transformer-LM grid — {meta['gpu']}", "",
-          f"torch {meta['torch']}, bf16 weights, batch {meta['batch']}, AdamW; memory capped at {meta['memory limit GiB']} "
-          "GiB (an 80 GB H100). Forward: inference, no grad. Step: forward + backward + optimizer. ms per call: the "
-          "median of 3 rounds of 5 calls back to back (CUDA events; the host queues ahead as in a training loop) after "
-          "a warm-up. OOM: out of memory under the cap. Profiles (one forward and one step per cell, flashsci.profile) only "
-          "for cells whose step fits.", "",
+          f"torch {meta['torch']}, bf16 weights, batch {meta['batch']}, AdamW (fused); memory capped at "
+          f"{meta['memory limit GiB']} GiB (an 80 GB H100). Forward: inference, no grad. Step: forward + backward + "
+          "optimizer. One model per cell, its attention switched between turns; ms per call: the median of "
+          f"{meta.get('rounds', ROUNDS)} rounds of 5 calls back to back, the attentions taking turns in alternating "
+          "order (CUDA events; the host queues ahead as in a training loop) after a warm-up. OOM: out of memory under "
+          "the cap. Profiles (one forward and one step per cell, flashsci.profile) only for cells whose step fits.", "",
           "## Time (ms) and flashsci's speedup over SDPA", "",
           "| size | context | forward naive / SDPA / flashsci | speedup | step naive / SDPA / flashsci | speedup | "
           "peak GiB naive / SDPA / flashsci |", "|---|---|---|---|---|---|---|"]
