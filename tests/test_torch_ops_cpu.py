@@ -147,6 +147,25 @@ def test_no_grad_for_options_and_lse():
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
+def test_eager_calls_skip_the_dispatcher_traced_ones_do_not():
+    """Eager calls on plain tensors record flashsci's autograd.Function (no custom-op dispatch) with the same gradients
+    as the registered autograd of the custom op, which traced calls (fake tensors here) go through."""
+    q, k, v = leaf(1, 2, 5, 8), leaf(1, 2, 5, 8), leaf(1, 2, 5, 8)
+    out = ops.attention(q, k, v, causal=True)
+    assert type(out.grad_fn).__name__ == "_EagerBackward"
+    dout = torch.randn_like(out)
+    eager = torch.autograd.grad(out, (q, k, v), dout)
+    via_op = torch.autograd.grad(ops.attention_fwd(q, k, v, True)[0], (q, k, v), dout)
+    assert all(torch.equal(a, b) for a, b in zip(eager, via_op))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode, plain = FakeTensorMode(), q.detach()
+    with mode:
+        fq = mode.from_tensor(plain)
+        assert ops.attention(fq, fq, fq).shape == q.shape       # the fake kernel, not the C function
+    x, w = leaf(3, 8), leaf(16, 8)
+    assert type(ops.swiglu(x, w).grad_fn).__name__ == "_EagerBackward"
+
+
 def test_opcheck_backward_ops():
     """opcheck on the forward ops with inputs that require grad (autograd registration) and on the backward ops."""
     q, k, v = leaf(1, 2, 6, 8, dtype=torch.float32), leaf(1, 2, 6, 8, dtype=torch.float32), \

@@ -13,11 +13,13 @@ current stream; its fake kernel gives shapes and dtypes without running anything
 "True or a float" in the Python API are flattened into typed ones: t5_bias=(table, buckets, max_distance,
 bidirectional) becomes t5_table, t5_num_buckets, t5_max_distance, t5_bidirectional, and rotary becomes rotary_base
 (None = off). linear and swiglu are composites too: linear_fwd / swiglu_fwd return (y, h), h the pre-activation the
-forward keeps when autograd records (else empty), and linear_bwd / swiglu_bwd the gradients.
+forward keeps when autograd records (else empty), and linear_bwd / swiglu_bwd the gradients. Eager calls on plain
+tensors skip the custom-op dispatch (_Eager: the same implementations, setup and backward functions).
 """
 from typing import Optional
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _flashsci
 
@@ -53,6 +55,56 @@ def _check(where, **args):
             raise ValueError(f"flashsci.torch_ops.{where}: {name} must fit 64 bits, got {value}")
 
 
+class _Eager(torch.autograd.Function):
+    """A differentiable op in eager mode without torch's custom-operator dispatch: the op's own implementation,
+    setup_context and backward (the functions torch.library registers), for about a third of the host time per call
+    (the dispatch fills in the schema's defaults and redispatches; small models' training steps are bound by the host).
+    The op comes last, so that ctx.needs_input_grad lines up with its inputs."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        op, inputs = args[-1], args[:-1]
+        output = _IMPL[op][0](*inputs)
+        ctx.eager = True
+        ctx.set_materialize_grads(False)  # the second output (lse, the kept pre-activation) gets no zeros filled in
+        _IMPL[op][1](ctx, inputs, output)
+        ctx.backward_fn, ctx.n_args = _IMPL[op][2], len(args)
+        return output
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if grads[0] is None:  # no gradient reached the output (grads are not materialized): none for the inputs
+            return (None,) * ctx.n_args
+        return (*ctx.backward_fn(ctx, *grads), None)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _eager(args):
+    """Whether a call runs eagerly on plain tensors: not traced (torch.compile, export, opcheck's fake and functional
+    tensors, torch.func transforms), which see the custom op."""
+    return (not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None and
+            not torch._C._are_functorch_transforms_active() and
+            all(type(a) in _PLAIN for a in args if isinstance(a, torch.Tensor)))
+
+
+def _call(op, args, differentiable):
+    """op(*args): in eager mode on plain tensors its implementation, through _Eager where autograd records a call on the
+    tensors in differentiable; the custom op otherwise."""
+    if not _eager(args):
+        return op(*args)
+    if needs_grad(*differentiable):
+        return _Eager.apply(*args, op)
+    return _IMPL[op][0](*args)
+
+
+def _op(ctx, op):
+    """The backward op for a backward function: its implementation where _Eager recorded the forward, else the custom
+    op (torch.library's registered autograd, torch.compile's graphs)."""
+    return _IMPL_BWD[op] if getattr(ctx, "eager", False) else op
+
+
 def _row_contiguous(x):
     """x with a contiguous last dim (a gradient may come broadcast, stride 0)."""
     return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
@@ -70,8 +122,7 @@ def _lse_dtype(q):
 
 # ---------------------------------------------------------------------------------------------------------- padded
 
-@torch.library.custom_op("flashsci::attention_fwd", mutates_args=())
-def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None,
+def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None,
                   layout: str = "bhsd", key_padding_mask: Optional[Tensor] = None, seqlens: Optional[Tensor] = None,
                   bias: Optional[Tensor] = None, t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32,
                   t5_max_distance: int = 128, t5_bidirectional: bool = True,
@@ -83,6 +134,9 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: 
                                rotary=rotary_base, return_lse=True)
 
 
+attention_fwd = torch.library.custom_op("flashsci::attention_fwd", _attention_fwd, mutates_args=())
+
+
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal=False, scale=None, layout="bhsd", key_padding_mask=None, seqlens=None, bias=None,
                         t5_table=None, t5_num_buckets=32, t5_max_distance=128, t5_bidirectional=True, rotary_base=None):
@@ -90,8 +144,7 @@ def _attention_fwd_fake(q, k, v, causal=False, scale=None, layout="bhsd", key_pa
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, layout), dtype=_lse_dtype(q))
 
 
-@torch.library.custom_op("flashsci::attention_bwd", mutates_args=())
-def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool = False,
+def _attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool = False,
                   scale: Optional[float] = None, layout: str = "bhsd", key_padding_mask: Optional[Tensor] = None,
                   seqlens: Optional[Tensor] = None, bias: Optional[Tensor] = None, t5_table: Optional[Tensor] = None,
                   t5_num_buckets: int = 32, t5_max_distance: int = 128, t5_bidirectional: bool = True,
@@ -108,6 +161,9 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     dbias = rest.pop(0) if bias_grad else q.new_empty(0)
     dtable = rest.pop(0) if t5_grad else q.new_empty(0, dtype=torch.float32)
     return dq, dk, dv, dbias, dtable
+
+
+attention_bwd = torch.library.custom_op("flashsci::attention_bwd", _attention_bwd, mutates_args=())
 
 
 @attention_bwd.register_fake
@@ -140,9 +196,9 @@ def _attention_setup(ctx, inputs, output):
 def _attention_backward(ctx, grad_out, grad_lse):
     """dq, dk, dv (and dbias, dtable where wanted) from flashsci::attention_bwd; None for the options."""
     q, k, v, out, lse, kpm, seqlens, bias, table = ctx.saved_tensors
-    dq, dk, dv, dbias, dtable = attention_bwd(grad_out, q, k, v, out, lse, key_padding_mask=kpm, seqlens=seqlens,
-                                              bias=bias, t5_table=table, bias_grad=ctx.bias_grad, t5_grad=ctx.t5_grad,
-                                              **ctx.opts)
+    dq, dk, dv, dbias, dtable = _op(ctx, attention_bwd)(grad_out, q, k, v, out, lse, key_padding_mask=kpm,
+                                                        seqlens=seqlens, bias=bias, t5_table=table,
+                                                        bias_grad=ctx.bias_grad, t5_grad=ctx.t5_grad, **ctx.opts)
     grads = {n: None for n in _FWD_ARGS}
     grads["bias"] = dbias if ctx.bias_grad else None
     grads["t5_table"] = dtable.to(table.dtype) if ctx.t5_grad else None
@@ -162,14 +218,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Opti
            bias=(bias, "Tensor?"), t5_table=(t5_table, "Tensor?"), t5_num_buckets=(t5_num_buckets, "int"),
            t5_max_distance=(t5_max_distance, "int"), t5_bidirectional=(t5_bidirectional, "bool"),
            rotary_base=(rotary_base, "float?"))
-    return attention_fwd(q, k, v, causal, scale, layout, key_padding_mask, seqlens, bias, t5_table, t5_num_buckets,
-                         t5_max_distance, t5_bidirectional, rotary_base)[0]
+    return _call(attention_fwd, (q, k, v, causal, scale, layout, key_padding_mask, seqlens, bias, t5_table, t5_num_buckets,
+                                 t5_max_distance, t5_bidirectional, rotary_base), (q, k, v, bias, t5_table))[0]
 
 
 # ---------------------------------------------------------------------------------------------------------- packed
 
-@torch.library.custom_op("flashsci::attention_varlen_fwd", mutates_args=())
-def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+def _attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                          max_seqlen_k: int, causal: bool = False, scale: Optional[float] = None,
                          t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32, t5_max_distance: int = 128,
                          t5_bidirectional: bool = True, rotary_base: Optional[float] = None) -> tuple[Tensor, Tensor]:
@@ -177,6 +232,9 @@ def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, 
     return _flashsci.attention_varlen(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                       max_seqlen_k, causal=causal, scale=scale, rotary=rotary_base, return_lse=True,
                                       t5_bias=_t5(_plain(t5_table), t5_num_buckets, t5_max_distance, t5_bidirectional))
+
+
+attention_varlen_fwd = torch.library.custom_op("flashsci::attention_varlen_fwd", _attention_varlen_fwd, mutates_args=())
 
 
 @attention_varlen_fwd.register_fake
@@ -187,8 +245,7 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=_lse_dtype(q))
 
 
-@torch.library.custom_op("flashsci::attention_varlen_bwd", mutates_args=())
-def attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
+def _attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
                          cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
                          scale: Optional[float] = None, t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32,
                          t5_max_distance: int = 128, t5_bidirectional: bool = True, rotary_base: Optional[float] = None,
@@ -200,6 +257,9 @@ def attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
         t5_bias=_t5(_plain(t5_table), t5_num_buckets, t5_max_distance, t5_bidirectional), deterministic=deterministic)
     dtable = grads[3] if t5_grad else q.new_empty(0, dtype=torch.float32)
     return grads[0], grads[1], grads[2], dtable
+
+
+attention_varlen_bwd = torch.library.custom_op("flashsci::attention_varlen_bwd", _attention_varlen_bwd, mutates_args=())
 
 
 @attention_varlen_bwd.register_fake
@@ -230,8 +290,8 @@ def _varlen_setup(ctx, inputs, output):
 def _varlen_backward(ctx, grad_out, grad_lse):
     """dq, dk, dv (and the T5 table's gradient where wanted) from flashsci::attention_varlen_bwd."""
     q, k, v, out, lse, cq, ck, table = ctx.saved_tensors
-    dq, dk, dv, dtable = attention_varlen_bwd(grad_out, q, k, v, out, lse, cq, ck, t5_table=table, t5_grad=ctx.t5_grad,
-                                              **ctx.opts)
+    dq, dk, dv, dtable = _op(ctx, attention_varlen_bwd)(grad_out, q, k, v, out, lse, cq, ck, t5_table=table,
+                                                        t5_grad=ctx.t5_grad, **ctx.opts)
     grads = {n: None for n in _VARLEN_ARGS}
     grads["t5_table"] = dtable.to(table.dtype) if ctx.t5_grad else None
     return (dq, dk, dv, *(grads[n] for n in _VARLEN_ARGS))
@@ -250,8 +310,9 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
            causal=(causal, "bool"), scale=(scale, "float?"), t5_table=(t5_table, "Tensor?"),
            t5_num_buckets=(t5_num_buckets, "int"), t5_max_distance=(t5_max_distance, "int"),
            t5_bidirectional=(t5_bidirectional, "bool"), rotary_base=(rotary_base, "float?"))
-    return attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, t5_table,
-                                t5_num_buckets, t5_max_distance, t5_bidirectional, rotary_base)[0]
+    return _call(attention_varlen_fwd, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                                        t5_table, t5_num_buckets, t5_max_distance, t5_bidirectional, rotary_base),
+                 (q, k, v, t5_table))[0]
 
 
 # ---------------------------------------------------------------------------------------------------------- composites
@@ -282,8 +343,7 @@ def _keeps_h(activation, keep_preactivation):
     return keep_preactivation and activation not in (None, "relu")
 
 
-@torch.library.custom_op("flashsci::linear_fwd", mutates_args=())
-def linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None,
+def _linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None,
                keep_preactivation: bool = False) -> tuple[Tensor, Tensor]:
     """flashsci.linear as a torch op: (y, h), h = x @ weight.T + bias when kept for the backward (_keeps_h), else
     empty."""
@@ -294,6 +354,9 @@ def linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activat
     return _flashsci.linear(x, weight, bias, activation=activation, preactivation=h), h
 
 
+linear_fwd = torch.library.custom_op("flashsci::linear_fwd", _linear_fwd, mutates_args=())
+
+
 @linear_fwd.register_fake
 def _linear_fwd_fake(x, weight, bias=None, activation=None, keep_preactivation=False):
     """Shapes of flashsci::linear_fwd: y [..., N]; h like y when kept, else empty."""
@@ -301,8 +364,7 @@ def _linear_fwd_fake(x, weight, bias=None, activation=None, keep_preactivation=F
     return y, (torch.empty_like(y) if _keeps_h(activation, keep_preactivation) else x.new_empty(0))
 
 
-@torch.library.custom_op("flashsci::linear_bwd", mutates_args=())
-def linear_bwd(dy: Tensor, x: Tensor, weight: Tensor, h: Tensor, activation: Optional[str] = None,
+def _linear_bwd(dy: Tensor, x: Tensor, weight: Tensor, h: Tensor, activation: Optional[str] = None,
                bias_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor, Tensor]:
     """flashsci.linear_backward as a torch op: (dx, dweight, dbias), dbias in bias_dtype, empty without a bias."""
     dbias = None if bias_dtype is None else x.new_empty(weight.shape[0], dtype=bias_dtype)
@@ -310,6 +372,9 @@ def linear_bwd(dy: Tensor, x: Tensor, weight: Tensor, h: Tensor, activation: Opt
                                            preactivation=None if activation is None else h.detach(),
                                            activation=activation, bias_grad=dbias is not None, dbias=dbias)
     return dx, dw, (x.new_empty(0) if db is None else db)
+
+
+linear_bwd = torch.library.custom_op("flashsci::linear_bwd", _linear_bwd, mutates_args=())
 
 
 @linear_bwd.register_fake
@@ -332,7 +397,7 @@ def _linear_backward(ctx, grad_y, grad_h):
     """Gradients of x, weight and bias; the kept pre-activation has none."""
     x, weight, h = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dx, dw, db = linear_bwd(grad_y, x, weight, h, ctx.activation, ctx.bias_dtype if need[2] else None)
+    dx, dw, db = _op(ctx, linear_bwd)(grad_y, x, weight, h, ctx.activation, ctx.bias_dtype if need[2] else None)
     return dx if need[0] else None, dw if need[1] else None, db if need[2] else None, None, None
 
 
@@ -342,11 +407,11 @@ torch.library.register_autograd("flashsci::linear_fwd", _linear_backward, setup_
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None) -> Tensor:
     """act(x @ weight.T + bias) by flashsci.linear, differentiable in x, weight and bias."""
     _check("linear", x=(x, "Tensor"), weight=(weight, "Tensor"), bias=(bias, "Tensor?"), activation=(activation, "str?"))
-    return linear_fwd(x, weight, bias, activation, needs_grad(x, weight, bias))[0]
+    grad = needs_grad(x, weight, bias)
+    return _call(linear_fwd, (x, weight, bias, activation, grad), (x, weight, bias) if grad else ())[0]
 
 
-@torch.library.custom_op("flashsci::swiglu_fwd", mutates_args=())
-def swiglu_fwd(x: Tensor, w_gate: Tensor, w_up: Optional[Tensor] = None,
+def _swiglu_fwd(x: Tensor, w_gate: Tensor, w_up: Optional[Tensor] = None,
                keep_preactivation: bool = False) -> tuple[Tensor, Tensor]:
     """flashsci.swiglu as a torch op: (y, h), h = (x @ w_gate.T | x @ w_up.T) when kept for the backward."""
     x, w_gate, w_up = x.detach(), w_gate.detach(), _plain(w_up)
@@ -356,6 +421,9 @@ def swiglu_fwd(x: Tensor, w_gate: Tensor, w_up: Optional[Tensor] = None,
     return _flashsci.swiglu(x, w_gate, w_up, preactivation=h), h
 
 
+swiglu_fwd = torch.library.custom_op("flashsci::swiglu_fwd", _swiglu_fwd, mutates_args=())
+
+
 @swiglu_fwd.register_fake
 def _swiglu_fwd_fake(x, w_gate, w_up=None, keep_preactivation=False):
     """Shapes of flashsci::swiglu_fwd: y [..., N]; h [..., 2N] when kept, else empty."""
@@ -363,12 +431,14 @@ def _swiglu_fwd_fake(x, w_gate, w_up=None, keep_preactivation=False):
     return x.new_empty((*x.shape[:-1], n)), (x.new_empty((*x.shape[:-1], 2 * n)) if keep_preactivation else x.new_empty(0))
 
 
-@torch.library.custom_op("flashsci::swiglu_bwd", mutates_args=())
-def swiglu_bwd(dy: Tensor, x: Tensor, w_gate: Tensor, w_up: Optional[Tensor], h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _swiglu_bwd(dy: Tensor, x: Tensor, w_gate: Tensor, w_up: Optional[Tensor], h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """flashsci.swiglu_backward as a torch op: (dx, dw_gate, dw_up), dw_up empty for a packed w_gate."""
     grads = _flashsci.swiglu_backward(_row_contiguous(dy.detach()), x.detach(), w_gate.detach(), _plain(w_up),
                                       preactivation=h.detach())
     return grads if len(grads) == 3 else (*grads, x.new_empty(0))
+
+
+swiglu_bwd = torch.library.custom_op("flashsci::swiglu_bwd", _swiglu_bwd, mutates_args=())
 
 
 @swiglu_bwd.register_fake
@@ -387,7 +457,7 @@ def _swiglu_backward(ctx, grad_y, grad_h):
     """Gradients of x and the weights."""
     x, w_gate, w_up, h = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dx, dwg, dwu = swiglu_bwd(grad_y, x, w_gate, w_up, h)
+    dx, dwg, dwu = _op(ctx, swiglu_bwd)(grad_y, x, w_gate, w_up, h)
     return dx if need[0] else None, dwg if need[1] else None, dwu if need[2] else None, None
 
 
@@ -397,10 +467,20 @@ torch.library.register_autograd("flashsci::swiglu_fwd", _swiglu_backward, setup_
 def swiglu(x: Tensor, w_gate: Tensor, w_up: Optional[Tensor] = None) -> Tensor:
     """silu(x @ w_gate.T) * (x @ w_up.T) by flashsci.swiglu (or a packed [2N, K] w_gate), differentiable."""
     _check("swiglu", x=(x, "Tensor"), w_gate=(w_gate, "Tensor"), w_up=(w_up, "Tensor?"))
-    return swiglu_fwd(x, w_gate, w_up, needs_grad(x, w_gate, w_up))[0]
+    grad = needs_grad(x, w_gate, w_up)
+    return _call(swiglu_fwd, (x, w_gate, w_up, grad), (x, w_gate, w_up) if grad else ())[0]
 
 
 torch.library.define("flashsci::linear", "(Tensor x, Tensor weight, Tensor? bias=None, str? activation=None) -> Tensor")
 torch.library.impl("flashsci::linear", "CompositeImplicitAutograd", linear)
 torch.library.define("flashsci::swiglu", "(Tensor x, Tensor w_gate, Tensor? w_up=None) -> Tensor")
 torch.library.impl("flashsci::swiglu", "CompositeImplicitAutograd", swiglu)
+
+
+# each forward op: its implementation, setup_context and backward (_Eager); each backward op: its implementation (_op)
+_IMPL = {attention_fwd: (_attention_fwd, _attention_setup, _attention_backward),
+         attention_varlen_fwd: (_attention_varlen_fwd, _varlen_setup, _varlen_backward),
+         linear_fwd: (_linear_fwd, _linear_setup, _linear_backward),
+         swiglu_fwd: (_swiglu_fwd, _swiglu_setup, _swiglu_backward)}
+_IMPL_BWD = {attention_bwd: _attention_bwd, attention_varlen_bwd: _attention_varlen_bwd, linear_bwd: _linear_bwd,
+             swiglu_bwd: _swiglu_bwd}
