@@ -186,11 +186,11 @@ def markdown(meta, rows):
           f"{meta.get('rounds', ROUNDS)} rounds of 5 calls back to back, the attentions taking turns in alternating "
           "order (CUDA events; the host queues ahead as in a training loop) after a warm-up. OOM: out of memory under "
           "the cap. Profiles (one forward and one step per cell, flashsci.profile) only for cells whose step fits.", "",
+          *([meta["note"], ""] if meta.get("note") else []),
           "## Time (ms) and flashsci's speedup over SDPA", "",
           "Step kernels: the GPU time of the step's kernels in the profile (forward + backward + optimizer), which the "
           "step's wall-clock time exceeds where the host's per-op launch work, not the GPU, sets the pace (eager "
-          "PyTorch at batch 4: the small and medium models up to 1024 tokens take about 30 and 60 ms a step whatever "
-          "the context, their kernels 3-34 ms).", "",
+          "PyTorch at batch 4: the small and medium models up to 1024 tokens, large and xl at 128-256).", "",
           "| size | context | forward naive / SDPA / flashsci | speedup | step naive / SDPA / flashsci | speedup | "
           "step kernels SDPA / flashsci | speedup | peak GiB naive / SDPA / flashsci |", "|---|---|---|---|---|---|---|---|---|"]
     for size in sizes:
