@@ -72,6 +72,7 @@ class _Eager(torch.autograd.Function):
         return output
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the backward ops have no gradient of their own
     def backward(ctx, *grads):
         if grads[0] is None:  # no gradient reached the output (grads are not materialized): none for the inputs
             return (None,) * ctx.n_args
