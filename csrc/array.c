@@ -129,10 +129,10 @@ static int int_pair(PyObject *obj, const char *what, int *a, int *b)
             PyErr_Format(PyExc_TypeError, "flashsci.Array.__dlpack__: %s must be a tuple of two ints, got %R", what, obj);
             return -1;
         }
-        int overflow = 0;
-        const long v = PyLong_AsLongAndOverflow(x, &overflow);
-        if (v == -1 && PyErr_Occurred()) return -1;
-        if (overflow || v < INT_MIN || v > INT_MAX) {
+        long long v;
+        const int outside = fs_int_in(x, INT_MIN, INT_MAX, &v);
+        if (outside < 0) return -1;
+        if (outside) {
             PyErr_Format(PyExc_ValueError, "flashsci.Array.__dlpack__: %s %R is out of range", what, obj);
             return -1;
         }
@@ -171,10 +171,10 @@ static PyObject *array_dlpack(PyObject *self, PyObject *args, PyObject *kwargs)
                          Py_TYPE(stream)->tp_name);
             return NULL;
         }
-        int overflow = 0;
-        const long long s = PyLong_AsLongLongAndOverflow(stream, &overflow);
-        if (s == -1 && PyErr_Occurred()) return NULL;
-        if (overflow || s < -1) {
+        long long s;
+        const int outside = fs_int_in(stream, -1, LLONG_MAX, &s);
+        if (outside < 0) return NULL;
+        if (outside) {
             PyErr_Format(PyExc_ValueError, "flashsci.Array.__dlpack__: stream must be None, -1 or a CUDA stream handle "
                          "(an int in [0, 2**63)), got %R", stream);
             return NULL;

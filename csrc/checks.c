@@ -43,6 +43,14 @@ void fs_byte_extent(const fs_tensor *t, uintptr_t *lo, uintptr_t *hi)
     *hi = (uintptr_t)t->data + (uintptr_t)((pos + 1) * item);
 }
 
+int fs_int_in(PyObject *x, long long lo, long long hi, long long *value)
+{
+    int overflow = 0;
+    *value = PyLong_AsLongLongAndOverflow(x, &overflow);
+    if (*value == -1 && PyErr_Occurred()) return -1;
+    return overflow || *value < lo || *value > hi;
+}
+
 int64_t fs_numel(const fs_tensor *t)
 {
     int64_t n = 1;

@@ -92,6 +92,9 @@ const char *fs_device_str(const fs_tensor *t, char *buf, size_t n);
 const char *fs_shape_str(const int64_t *shape, int ndim, char *buf, size_t n);
 void fs_byte_extent(const fs_tensor *t, uintptr_t *lo, uintptr_t *hi);
 int64_t fs_numel(const fs_tensor *t);                        /* elements (0 for an empty tensor) */
+/* A Python int as a long long in [lo, hi]: 0; 1 where it lies outside (past a long long too), no exception set; -1
+ * with one set. The callers word the ValueError. */
+int fs_int_in(PyObject *x, long long lo, long long hi, long long *value);
 int fs_check_sizes(const fs_tensor *t, const char *name);
 /* Bytes of a new array of shape and dtype into *bytes; ValueError when they pass 2**63. */
 int fs_nbytes(int ndim, const int64_t *shape, fs_dtype dtype, size_t *bytes);

@@ -31,9 +31,8 @@ static PyObject *device_info(PyObject *module, PyObject *const *args, Py_ssize_t
             return PyErr_Format(PyExc_TypeError, "device_info: device must be an int, got %.100s", Py_TYPE(args[0])->tp_name);
         PyObject *index = PyNumber_Index(args[0]);
         if (!index) return NULL;
-        int overflow = 0;
-        const long d = PyLong_AsLongAndOverflow(index, &overflow);
-        if ((d != -1 || !PyErr_Occurred()) && (overflow || d < INT_MIN || d > INT_MAX))
+        long long d;
+        if (fs_int_in(index, INT_MIN, INT_MAX, &d) > 0)
             PyErr_Format(PyExc_ValueError, "flashsci: CUDA device %R is out of range", index);
         Py_DECREF(index);
         if (PyErr_Occurred()) return NULL;

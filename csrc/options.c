@@ -19,13 +19,13 @@ int fs_parse_t5(PyObject *t5, fs_t5_args *a)
                          Py_TYPE(PyTuple_GET_ITEM(t5, i))->tp_name);
             return -1;
         }
-    int over_nb = 0, over_md = 0;     /* an int past a C long is out of range below, whatever its sign */
-    const long nb = PyLong_AsLongAndOverflow(PyTuple_GET_ITEM(t5, 1), &over_nb);
-    const long md = PyLong_AsLongAndOverflow(PyTuple_GET_ITEM(t5, 2), &over_md);
-    if (PyErr_Occurred()) return -1;
+    long long nb, md;
+    const int nb_out = fs_int_in(PyTuple_GET_ITEM(t5, 1), 2, 1 << 16, &nb);
+    const int md_out = nb_out < 0 ? -1 : fs_int_in(PyTuple_GET_ITEM(t5, 2), 1, INT32_MAX, &md);
+    if (md_out < 0) return -1;
     if ((a->bidirectional = PyObject_IsTrue(PyTuple_GET_ITEM(t5, 3))) < 0) return -1;
-    const long max_exact = (a->bidirectional ? nb / 2 : nb) / 2;
-    if (over_nb || over_md || nb < 2 || nb > 1 << 16 || max_exact < 1 || md <= max_exact || md > INT32_MAX) {
+    const long long max_exact = (a->bidirectional ? nb / 2 : nb) / 2;
+    if (nb_out || md_out || max_exact < 1 || md <= max_exact) {
         PyErr_Format(PyExc_ValueError, "t5_bias: need num_buckets in [%d, 65536] and max_distance in (num_buckets%s / 2, "
                      "2**31) (T5 uses 32, 128), got num_buckets=%R, max_distance=%R", a->bidirectional ? 4 : 2,
                      a->bidirectional ? " / 2" : "", PyTuple_GET_ITEM(t5, 1), PyTuple_GET_ITEM(t5, 2));
@@ -98,11 +98,10 @@ int fs_parse_max_seqlen(PyObject *obj, const char *name, long long *value)
     }
     PyObject *i = PyNumber_Index(obj);
     if (!i) return -1;
-    int overflow = 0;
-    *value = PyLong_AsLongLongAndOverflow(i, &overflow);
+    const int outside = fs_int_in(i, 0, FS_MAX_DIM, value);
     Py_DECREF(i);
-    if (*value == -1 && PyErr_Occurred()) return -1;
-    if (overflow || *value < 0 || *value > FS_MAX_DIM) {
+    if (outside < 0) return -1;
+    if (outside) {
         PyErr_Format(PyExc_ValueError, "%s must be in [0, 2**30], got %R", name, obj);
         return -1;
     }

@@ -642,14 +642,11 @@ int fs_parse_stream(fs_state *st, PyObject *obj, uintptr_t *stream)
         Py_DECREF(handle);
         return -1;
     }
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(handle, &overflow);
-    if (overflow || v < 0) {
+    long long v;
+    if (fs_int_in(handle, 0, LLONG_MAX, &v) > 0)
         PyErr_Format(PyExc_ValueError, "stream: a CUDA stream handle is a pointer in [0, 2**63), got %R", handle);
-        v = -1;
-    }
     Py_DECREF(handle);
-    if (v == -1 && PyErr_Occurred()) return -1;
+    if (PyErr_Occurred()) return -1;
     *stream = (uintptr_t)v;
     return 0;
 }
