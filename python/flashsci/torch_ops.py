@@ -83,9 +83,9 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _eager(args):
-    """Whether a call runs eagerly on plain tensors: not traced (torch.compile, export, opcheck's fake and functional
-    tensors, torch.func transforms), which see the custom op."""
-    return (not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None and
+    """Whether a call runs eagerly on plain tensors (args[0], q or x, is always one): not traced (torch.compile, export,
+    opcheck's fake and functional tensors, torch.func transforms, torch.fx proxies), which see the custom op."""
+    return (type(args[0]) in _PLAIN and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None and
             not torch._C._are_functorch_transforms_active() and
             all(type(a) in _PLAIN for a in args if isinstance(a, torch.Tensor)))
 
