@@ -124,10 +124,10 @@ def _lse_dtype(q):
 # ---------------------------------------------------------------------------------------------------------- padded
 
 def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None,
-                  layout: str = "bhsd", key_padding_mask: Optional[Tensor] = None, seqlens: Optional[Tensor] = None,
-                  bias: Optional[Tensor] = None, t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32,
-                  t5_max_distance: int = 128, t5_bidirectional: bool = True,
-                  rotary_base: Optional[float] = None) -> tuple[Tensor, Tensor]:
+                   layout: str = "bhsd", key_padding_mask: Optional[Tensor] = None, seqlens: Optional[Tensor] = None,
+                   bias: Optional[Tensor] = None, t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32,
+                   t5_max_distance: int = 128, t5_bidirectional: bool = True,
+                   rotary_base: Optional[float] = None) -> tuple[Tensor, Tensor]:
     """flashsci.attention(..., return_lse=True) as a torch op: (out, lse)."""
     return _flashsci.attention(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale, layout=layout,
                                key_padding_mask=key_padding_mask, seqlens=seqlens, bias=_plain(bias),
@@ -146,11 +146,11 @@ def _attention_fwd_fake(q, k, v, causal=False, scale=None, layout="bhsd", key_pa
 
 
 def _attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool = False,
-                  scale: Optional[float] = None, layout: str = "bhsd", key_padding_mask: Optional[Tensor] = None,
-                  seqlens: Optional[Tensor] = None, bias: Optional[Tensor] = None, t5_table: Optional[Tensor] = None,
-                  t5_num_buckets: int = 32, t5_max_distance: int = 128, t5_bidirectional: bool = True,
-                  rotary_base: Optional[float] = None, bias_grad: bool = False, t5_grad: bool = False,
-                  deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   scale: Optional[float] = None, layout: str = "bhsd", key_padding_mask: Optional[Tensor] = None,
+                   seqlens: Optional[Tensor] = None, bias: Optional[Tensor] = None, t5_table: Optional[Tensor] = None,
+                   t5_num_buckets: int = 32, t5_max_distance: int = 128, t5_bidirectional: bool = True,
+                   rotary_base: Optional[float] = None, bias_grad: bool = False, t5_grad: bool = False,
+                   deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """flashsci.attention_backward as a torch op: (dq, dk, dv, dbias, dtable), the last two empty unless asked for."""
     grads = _flashsci.attention_backward(
         _row_contiguous(dout.detach()), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), causal=causal,
@@ -226,9 +226,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Opti
 # ---------------------------------------------------------------------------------------------------------- packed
 
 def _attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
-                         max_seqlen_k: int, causal: bool = False, scale: Optional[float] = None,
-                         t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32, t5_max_distance: int = 128,
-                         t5_bidirectional: bool = True, rotary_base: Optional[float] = None) -> tuple[Tensor, Tensor]:
+                          max_seqlen_k: int, causal: bool = False, scale: Optional[float] = None,
+                          t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32, t5_max_distance: int = 128,
+                          t5_bidirectional: bool = True, rotary_base: Optional[float] = None) -> tuple[Tensor, Tensor]:
     """flashsci.attention_varlen(..., return_lse=True) as a torch op: (out, lse) with lse (H, total_q)."""
     return _flashsci.attention_varlen(q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                       max_seqlen_k, causal=causal, scale=scale, rotary=rotary_base, return_lse=True,
@@ -247,10 +247,10 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 
 
 def _attention_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
-                         cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
-                         scale: Optional[float] = None, t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32,
-                         t5_max_distance: int = 128, t5_bidirectional: bool = True, rotary_base: Optional[float] = None,
-                         t5_grad: bool = False, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                          cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                          scale: Optional[float] = None, t5_table: Optional[Tensor] = None, t5_num_buckets: int = 32,
+                          t5_max_distance: int = 128, t5_bidirectional: bool = True, rotary_base: Optional[float] = None,
+                          t5_grad: bool = False, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """flashsci.attention_varlen_backward as a torch op: (dq, dk, dv, dtable), dtable empty unless asked for."""
     grads = _flashsci.attention_varlen_backward(
         _row_contiguous(dout.detach()), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), cu_seqlens_q,
@@ -345,7 +345,7 @@ def _keeps_h(activation, keep_preactivation):
 
 
 def _linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None,
-               keep_preactivation: bool = False) -> tuple[Tensor, Tensor]:
+                keep_preactivation: bool = False) -> tuple[Tensor, Tensor]:
     """flashsci.linear as a torch op: (y, h), h = x @ weight.T + bias when kept for the backward (_keeps_h), else
     empty."""
     x, weight, bias = x.detach(), weight.detach(), _plain(bias)
@@ -366,7 +366,7 @@ def _linear_fwd_fake(x, weight, bias=None, activation=None, keep_preactivation=F
 
 
 def _linear_bwd(dy: Tensor, x: Tensor, weight: Tensor, h: Tensor, activation: Optional[str] = None,
-               bias_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor, Tensor]:
+                bias_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor, Tensor]:
     """flashsci.linear_backward as a torch op: (dx, dweight, dbias), dbias in bias_dtype, empty without a bias."""
     dbias = None if bias_dtype is None else x.new_empty(weight.shape[0], dtype=bias_dtype)
     dx, dw, db = _flashsci.linear_backward(_row_contiguous(dy.detach()), x.detach(), weight.detach(),
@@ -413,7 +413,7 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation:
 
 
 def _swiglu_fwd(x: Tensor, w_gate: Tensor, w_up: Optional[Tensor] = None,
-               keep_preactivation: bool = False) -> tuple[Tensor, Tensor]:
+                keep_preactivation: bool = False) -> tuple[Tensor, Tensor]:
     """flashsci.swiglu as a torch op: (y, h), h = (x @ w_gate.T | x @ w_up.T) when kept for the backward."""
     x, w_gate, w_up = x.detach(), w_gate.detach(), _plain(w_up)
     if not keep_preactivation or w_gate.dim() != 2:   # (a weight not 2-D: the C function says so)
