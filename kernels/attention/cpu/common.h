@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "attention/cpu/attention_cpu.h"
 #include "attention/params.h"
 #include "common/half.h"
 
@@ -70,33 +71,6 @@ static inline void fs_rotary_angle(int i, int D, int64_t pos, float base, float 
     *s = sinf(angle);
 }
 
-/* Rotary embedding of one head vector at position pos, in place (ESM's x cos + rotate_half(x) sin: x1' = x1 cos -
- * x2 sin, x2' = x2 cos + x1 sin with x1 = x[:D/2], x2 = x[D/2:]); dir = -1 applies the inverse (the transpose), which
- * takes a gradient with respect to the rotated vector back to the vector. */
-static inline void fs_rotate_f(float *x, int D, int64_t pos, float base, int dir)
-{
-    for (int i = 0; i < D / 2; i++) {
-        float c, s;
-        fs_rotary_angle(i, D, pos, base, &c, &s);
-        s *= (float)dir;
-        const float x1 = x[i], x2 = x[i + D / 2];
-        x[i] = x1 * c - x2 * s;
-        x[i + D / 2] = x2 * c + x1 * s;
-    }
-}
-
-/* The same for double vectors. */
-static inline void fs_rotate_d(double *x, int D, int64_t pos, float base, int dir)
-{
-    for (int i = 0; i < D / 2; i++) {
-        float c, s;
-        fs_rotary_angle(i, D, pos, base, &c, &s);
-        const double cd = c, sd = (double)s * dir, x1 = x[i], x2 = x[i + D / 2];
-        x[i] = x1 * cd - x2 * sd;
-        x[i + D / 2] = x2 * cd + x1 * sd;
-    }
-}
-
 /* One call's rotary cos / sin by position: row pos holds the cosines of its D / 2 pair angles, then their sines (the
  * angles of fs_rotary_angle, bit for bit); NULL without rotary, above 64 MiB or without the memory (each row then
  * computes its own angles: a powf and a sincos per pair). Free with free(). */
@@ -110,7 +84,9 @@ static inline float *fs_rotary_table(const fs_attn_params *p)
     return t;
 }
 
-/* fs_rotate_f / _d with the angles of the position's row cs of a rotary table. */
+/* Rotary embedding of one head vector in place by the angles of its position's row cs of a rotary table (ESM's
+ * x cos + rotate_half(x) sin: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin with x1 = x[:D/2], x2 = x[D/2:]); dir = -1
+ * applies the inverse (the transpose), which takes a gradient with respect to the rotated vector back to the vector. */
 static inline void fs_rotate_row_f(float *x, int D, const float *cs, int dir)
 {
     for (int i = 0; i < D / 2; i++) {
@@ -120,6 +96,7 @@ static inline void fs_rotate_row_f(float *x, int D, const float *cs, int dir)
     }
 }
 
+/* The same for double vectors. */
 static inline void fs_rotate_row_d(double *x, int D, const float *cs, int dir)
 {
     for (int i = 0; i < D / 2; i++) {
@@ -129,18 +106,27 @@ static inline void fs_rotate_row_d(double *x, int D, const float *cs, int dir)
     }
 }
 
+/* Row pos of the call's rotary table rot, or without a table that row's angles computed into own
+ * (FS_CPU_MAX_D floats). */
+static inline const float *fs_rotary_row(const float *rot, int D, int64_t pos, float base, float *own)
+{
+    if (rot) return rot + pos * D;
+    for (int i = 0; i < D / 2; i++) fs_rotary_angle(i, D, pos, base, own + i, own + D / 2 + i);
+    return own;
+}
+
 /* x rotated for position pos (dir -1: the inverse) by row pos of the call's rotary table rot, or without a table by
- * angles computed here. */
+ * that row's angles computed here. */
 static inline void fs_rotate_at_f(float *x, int D, const float *rot, int64_t pos, float base, int dir)
 {
-    if (rot) fs_rotate_row_f(x, D, rot + pos * D, dir);
-    else fs_rotate_f(x, D, pos, base, dir);
+    float own[FS_CPU_MAX_D];
+    fs_rotate_row_f(x, D, fs_rotary_row(rot, D, pos, base, own), dir);
 }
 
 static inline void fs_rotate_at_d(double *x, int D, const float *rot, int64_t pos, float base, int dir)
 {
-    if (rot) fs_rotate_row_d(x, D, rot + pos * D, dir);
-    else fs_rotate_d(x, D, pos, base, dir);
+    float own[FS_CPU_MAX_D];
+    fs_rotate_row_d(x, D, fs_rotary_row(rot, D, pos, base, own), dir);
 }
 
 /* Sequence b's rows: its first query and key rows in the (packed) tensors and its lengths, cut by seqlens. */
