@@ -3,7 +3,8 @@ into one GEMM, and pick between direct C calls and torch ops (the latter while t
 import torch
 
 from .. import _flashsci
-from ..torch_ops import needs_grad  # importing torch_ops registers torch.ops.flashsci
+from .. import torch_ops
+from ..torch_ops import needs_grad
 
 
 class Packed:
@@ -107,13 +108,13 @@ def flashsci_gemm(x):
 
 
 def linear(x, weight, bias=None, activation=None):
-    """act(x W^T + b): on the GPU flashsci.linear, as the torch op while torch.compile traces or autograd records (its
-    backward by flashsci.linear_backward), else the C call (no dispatcher); on the CPU F.linear and the activation in
-    torch."""
+    """act(x W^T + b): on the GPU flashsci.linear, through flashsci.torch_ops.linear while torch.compile traces or
+    autograd records (its backward by flashsci.linear_backward), else the C call; on the CPU F.linear and the
+    activation in torch."""
     if not flashsci_gemm(x):
         return TORCH_ACTIVATIONS[activation](torch.nn.functional.linear(x, weight, bias))
     if torch.compiler.is_compiling() or needs_grad(x, weight, bias):
-        return torch.ops.flashsci.linear(x, weight, bias, activation)
+        return torch_ops.linear(x, weight, bias, activation)
     return _flashsci.linear(x, weight, bias, activation=activation)
 
 
@@ -191,7 +192,7 @@ def swiglu(x, w_gate, w_up=None):
         gate, up = (x @ w_gate.t()).chunk(2, -1) if w_up is None else (x @ w_gate.t(), x @ w_up.t())
         return torch.nn.functional.silu(gate) * up
     if torch.compiler.is_compiling() or needs_grad(x, w_gate, w_up):
-        return torch.ops.flashsci.swiglu(x, w_gate, w_up)
+        return torch_ops.swiglu(x, w_gate, w_up)
     return _flashsci.swiglu(x, w_gate, w_up)
 
 
@@ -202,6 +203,5 @@ def attention_packed(qkv, packed, scale=None, rotary_base=None, t5=None):
     cu, n = packed.cu_seqlens, packed.max_seqlen
     if torch.compiler.is_compiling() or needs_grad(qkv, None if t5 is None else t5[0]):   # the differentiable op
         table, buckets, dist, bidir = t5 if t5 is not None else (None, 32, 128, True)
-        return torch.ops.flashsci.attention_varlen(q, k, v, cu, cu, n, n, False, scale, table, buckets, dist, bidir,
-                                                   rotary_base)
+        return torch_ops.attention_varlen(q, k, v, cu, cu, n, n, False, scale, table, buckets, dist, bidir, rotary_base)
     return _flashsci.attention_varlen(q, k, v, cu, cu, n, n, scale=scale, rotary=rotary_base, t5_bias=t5)
