@@ -137,7 +137,7 @@ def test_plain(d, causal, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_d80_long(dtype):
-    """D = 80 (the 2.7B LM's; on Hopper the D = 128 kernel reading 80 columns, its accumulator rows 80 wide): many key
+    """D = 80 (the 2.7B LM's; on Hopper its own kernel, products over 80 columns, shared memory as at 128): many key
     blocks adding into every query tile, Sq != Sk, grouped K/V, causal with rotary."""
     run_case(1, 4, 2, 700, 1100, 80, dtype)
     run_case(2, 4, 4, 1000, 1000, 80, dtype, causal=True, rotary=10000.0, layout="bshd")
@@ -181,8 +181,8 @@ def test_kernel_choice(kernel):
 
 
 def test_main_kernel_by_device():
-    """On Hopper (a 90a build) the wgmma main kernel runs a plain D = 64 backward, D = 80 on its D = 128 kernel without
-    padded copies and D = 72 padded to 128, the portable one when forced and for an additive bias; elsewhere always the
+    """On Hopper (a 90a build) the wgmma main kernel runs a plain D = 64 backward, D = 80 on its own instantiation
+    without padded copies, D = 96 on the D = 128 one without copies and D = 72 padded to 128, the portable one when forced and for an additive bias; elsewhere always the
     portable one (kernel names from the profiler)."""
     from flashsci.profile.trace import capture
     hopper = torch.cuda.get_device_capability()[0] == 9 and "90a" in flashsci.build_info()["cuda_architectures"]
@@ -201,7 +201,9 @@ def test_main_kernel_by_device():
         pytest.skip("the profiler saw no CUDA kernels")
     assert ("attention_bwd_sm90<64" in auto) == hopper and ("attention_bwd_sm80" in auto) != hopper
     d80 = kernels("auto", d=80, causal=True, rotary=True)
-    assert ("attention_bwd_sm90<128" in d80) == hopper and ("head_copy" in d80) != hopper
+    assert ("attention_bwd_sm90<80" in d80) == hopper and ("head_copy" in d80) != hopper
+    d96 = kernels("auto", d=96)
+    assert ("attention_bwd_sm90<128" in d96) == hopper and ("head_copy" in d96) != hopper
     d72 = kernels("auto", d=72, causal=True)
     assert ("attention_bwd_sm90<128" in d72) == hopper and "head_copy" in d72
     for names in (kernels("sm80"), kernels("auto", bias=torch.randn(256, 256, device="cuda"))):
@@ -339,7 +341,7 @@ def test_torch_autograd(dtype):
 @pytest.mark.parametrize("d", [16, 24, 40, 72, 80, 112, 136, 256])
 def test_head_dims(d):
     """D = 256 (its own kernel: four warps per 32 keys), head dims that run padded to the next native one and (Hopper)
-    80 and 112 on the D = 128 kernel without copies, with rotary over the true head dim, causal masks, grouped K/V and
+    80 (its own kernel) and 112 (the D = 128 one) without copies, with rotary over the true head dim, causal masks, grouped K/V and
     packed sequences."""
     run_case(2, 4, 4, 200, 200, d, torch.bfloat16)
     run_case(2, 4, 2, 230, 230, d, torch.float16, causal=True, rotary=10000.0)

@@ -104,12 +104,14 @@ template <> FS_DEV_T void wgmma_rs_kmajor<N, TY>(float d[N / 2], const uint32_t 
 #define FS_WGMMA_SHAPES(TY, TN) \
     FS_WGMMA_SS(64, TY, TN, FS_R0 ", " FS_R16, "%32", "%33", "%34", FS_D32(0)) \
     FS_WGMMA_SS(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64", "%65", "%66", FS_D32(0), FS_D32(32)) \
+    FS_WGMMA_SS_MN(16, TY, TN, "%0, %1, %2, %3, %4, %5, %6, %7", "%8", "%9", "%10", FS_D8(0)) \
     FS_WGMMA_SS_MN(64, TY, TN, FS_R0 ", " FS_R16, "%32", "%33", "%34", FS_D32(0)) \
     FS_WGMMA_SST(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64", "%65", "%66", "%67", "%68", FS_D32(0), FS_D32(32)) \
     FS_WGMMA_SST(160, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64, "%80", "%81", "%82", "%83", "%84", FS_D32(0), FS_D32(32), FS_D8(64), FS_D8(72)) \
     FS_WGMMA_SST(192, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64 ", " FS_R80, "%96", "%97", "%98", "%99", "%100", FS_D32(0), FS_D32(32), FS_D32(64)) \
     FS_WGMMA_SST(256, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48 ", " FS_R64 ", " FS_R80 ", " FS_R96 ", " FS_R112, "%128", "%129", "%130", "%131", "%132", FS_D32(0), FS_D32(32), FS_D32(64), FS_D32(96)) \
     FS_WGMMA_RS(64, TY, TN, FS_R0 ", " FS_R16, "%32, %33, %34, %35", "%36", FS_D32(0)) \
+    FS_WGMMA_RS(80, TY, TN, FS_R0 ", " FS_R16 ", %32, %33, %34, %35, %36, %37, %38, %39", "%40, %41, %42, %43", "%44", FS_D32(0), FS_D8(32)) \
     FS_WGMMA_RS(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64, %65, %66, %67", "%68", FS_D32(0), FS_D32(32)) \
     FS_WGMMA_RSK(128, TY, TN, FS_R0 ", " FS_R16 ", " FS_R32 ", " FS_R48, "%64, %65, %66, %67", "%68", "%69", FS_D32(0), FS_D32(32))
 FS_WGMMA_SHAPES(__half, "f16")

@@ -83,13 +83,22 @@ FS_DEV_T void bwd_unrotate(float (&dk)[NO * 4], int key0, int t4, int rd, float 
         }
 }
 
+/* dQ_i (64 query rows x N columns) = dS K_j: dS^T's query panel at a, K_j's columns at b (both MN-major), Bc / 16
+ * k-steps of 16 key rows. */
+template <int N, int BC, typename T> FS_DEV_T void bwd_dq_product(float *dq, uint32_t a, uint32_t b)
+{
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++)
+        wgmma_ss_mn<N, T>(dq, desc_sw128(a + kk * 16 * 128, BC * 128, 1024), desc_sw128(b + kk * 16 * 128, BC * 128, 1024), kk > 0);
+}
+
 /* A consumer thread's whole work for its block (consumer warpgroup cw = 0, 1). */
 template <class K>
 FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const fs_sm90_bwd_args &a, const sm90_bwd_block &blk,
                                 int cw)
 {
     using T = typename K::T;
-    constexpr int D = K::D, BR = K::BR, BC = K::BC, STAGES = K::STAGES, NQ = K::NQ, NO = K::NO;
+    constexpr int D = K::D, DS = K::DS, BR = K::BR, BC = K::BC, STAGES = K::STAGES, NQ = K::NQ, NO = K::NO;
     const fs_attn_bwd_params &g = a.g;
     const fs_attn_params &p = g.p;
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gr = lane >> 2, t4 = lane & 3;
@@ -111,7 +120,7 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
     int s = 0, phase = 0;
     for (int it = 0; it < blk.n_iter; it++) {
         const int h = sm90_bwd_head(p, blk, it), q0 = sm90_bwd_q0<K>(blk, it);
-        const uint32_t q_base = smem_addr(sh.sQ + s * BR * D), do_base = smem_addr(sh.sdO + s * BR * D);
+        const uint32_t q_base = smem_addr(sh.sQ + s * BR * DS), do_base = smem_addr(sh.sdO + s * BR * DS);
         mbar_wait(&sh.full[s], phase);
 
         /* S^T = K_j Q_i^T, dP^T = V_j dO_i^T: this warpgroup's 64 keys (rows 64 cw ..) x Br queries, D / 16 k-steps of
@@ -195,13 +204,16 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         issue_xt(dv, pk, do_base);
         float dq[32];
         bwd_consumers_sync();
-        /* dQ_i = dS K_j over the block's Bc keys: this warpgroup's 64 x 64 (D = 64: query panel cw, K's columns;
-         * D = 128: query panel 0, K's half cw), Bc / 16 k-steps of 16 key rows */
+        /* dQ_i = dS K_j over the block's Bc keys: this warpgroup's 64 rows x 64 columns (D = 64: query panel cw, K's
+         * columns; D = 128: query panel 0, K's half cw; D = 80: query panel 0, K's first half for warpgroup 0 and its
+         * 16 columns of the second for warpgroup 1: cw by redux.sync, a uniform register, for on a plain branch ptxas
+         * serializes every wgmma of the kernel), Bc / 16 k-steps of 16 key rows */
         const uint32_t a_panel = D == 64 ? cw : 0, b_panel = D == 64 ? 0 : cw;
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; kk++)
-            wgmma_ss_mn<64, T>(dq, desc_sw128(ds_buf + a_panel * BC * 128 + kk * 16 * 128, BC * 128, 1024),
-                               desc_sw128(k_base + b_panel * BC * 128 + kk * 16 * 128, BC * 128, 1024), kk > 0);
+        const uint32_t dq_a = ds_buf + a_panel * BC * 128, dq_b = k_base + b_panel * BC * 128;
+        if constexpr (D == 80) {
+            if (__reduce_max_sync(0xffffffffu, (unsigned)cw)) bwd_dq_product<16, BC, T>(dq, dq_a, dq_b);
+            else bwd_dq_product<64, BC, T>(dq, dq_a, dq_b);
+        } else bwd_dq_product<64, BC, T>(dq, dq_a, dq_b);
         wgmma_commit();
         /* dK_j += dS^T Q_i, running while dQ_i is added */
         issue_xt(dk, dsk, q_base);
@@ -232,8 +244,8 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
      * thread's), this thread's key rows key0, key0 + 8: inside the sequence, zeros past it in a padded batch (none for
      * packed rows); the columns past p.D (zeros: sm90_kernel_dim) are not stored */
     if (a.rotary) {
-        if constexpr (D == 64) bwd_unrotate<4, NO>(dk, key0, t4, p.D, a.rotary_base);
-        else if (p.D == 80) bwd_unrotate<5, NO>(dk, key0, t4, p.D, a.rotary_base);
+        if constexpr (D != 128) bwd_unrotate<D / 16, NO>(dk, key0, t4, p.D, a.rotary_base);
+        else if (p.D == 80) bwd_unrotate<5, NO>(dk, key0, t4, p.D, a.rotary_base); /* deterministic runs */
         else if (p.D == 96) bwd_unrotate<6, NO>(dk, key0, t4, p.D, a.rotary_base);
         else if (p.D == 112) bwd_unrotate<7, NO>(dk, key0, t4, p.D, a.rotary_base);
         else bwd_unrotate<8, NO>(dk, key0, t4, p.D, a.rotary_base);
@@ -249,7 +261,7 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         T *dkp = static_cast<T *>(g.dk) + blk.tb * g.dk_sb + blk.hkv * g.dk_sh + at * g.dk_ss + 2 * t4;
 #pragma unroll
         for (int n = 0; n < NO; n++)
-            if (D == 64 || 8 * n < p.D) {
+            if (D != 128 || 8 * n < p.D) {
                 *reinterpret_cast<uint32_t *>(dvp + 8 * n) = pack2<T>(dv[4 * n + 2 * r] * keep, dv[4 * n + 2 * r + 1] * keep);
                 *reinterpret_cast<uint32_t *>(dkp + 8 * n) =
                     pack2<T>(dk[4 * n + 2 * r] * a.scale * keep, dk[4 * n + 2 * r + 1] * a.scale * keep);

@@ -70,7 +70,7 @@ FS_DEV_T void sm90_bwd_producer(const sm90_bwd_shared<typename K::T> &sh, const 
                                 const CUtensorMap &map_v, const CUtensorMap &map_do, const fs_sm90_bwd_args &a,
                                 const sm90_bwd_block &blk, int lane)
 {
-    constexpr int D = K::D, BR = K::BR, BC = K::BC, STAGES = K::STAGES, HALVES = D / 64;
+    constexpr int D = K::DS, BR = K::BR, BC = K::BC, STAGES = K::STAGES, HALVES = D / 64;
     const fs_attn_params &p = a.g.p;
     if (lane == 0) {
         mbar_expect_tx(sh.kv_full, 2 * BC * D * 2);

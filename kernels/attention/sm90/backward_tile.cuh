@@ -11,18 +11,25 @@
 
 /* ---- tile configuration, one place: per head dim the query tile Br a step streams, the key block Bc a block owns
  * (two consumer warpgroups of 64 keys), the Q/dO ring's stages and the registers setmaxnreg gives a consumer thread
- * (the producer warpgroup keeps 24). D = 128 takes Br = 64: dV and dK alone hold 128 of a thread's registers ---- */
+ * (the producer warpgroup keeps 24). D = 128 takes Br = 64: dV and dK alone hold 128 of a thread's registers; D = 80
+ * (the 2.7B LM's head dim) keeps D = 128's tiles and shared memory, its products spanning 80 columns ---- */
 template <int D> struct fs_sm90_bwd_tile;
 /*                                        BR   BC   STAGES  REGS */
 template <> struct fs_sm90_bwd_tile<64>  { enum { BR = 128, BC = 128, STAGES = 2, REGS = 240 }; };
+template <> struct fs_sm90_bwd_tile<80>  { enum { BR = 64, BC = 128, STAGES = 2, REGS = 240 }; };
 template <> struct fs_sm90_bwd_tile<128> { enum { BR = 64, BC = 128, STAGES = 2, REGS = 240 }; };
 
-/* The constants of one instantiation (ORDERED: deterministic runs, each warpgroup's dQ added to a query tile after the
- * key blocks before its own, by per-tile counters; causal blocks then visit their query tiles last first). */
+/* The columns a tile row holds in shared memory: boxes of 64 (D = 80 reads zeros past its columns into the second). */
+constexpr int sm90_bwd_stored_dim(int d) { return (d + 63) / 64 * 64; }
+
+/* The constants of one instantiation: the products span D columns, shared memory holds DS a row (ORDERED: deterministic
+ * runs, each warpgroup's dQ added to a query tile after the key blocks before its own, by per-tile counters; causal
+ * blocks then visit their query tiles last first). */
 template <int D_, typename T_, bool CAUSAL_, bool ORDERED_> struct sm90_bwd_config {
     using T = T_;
     using tile = fs_sm90_bwd_tile<D_>;
-    static constexpr int D = D_, BR = tile::BR, BC = tile::BC, STAGES = tile::STAGES, NWG = 2, THREADS = 384;
+    static constexpr int D = D_, DS = sm90_bwd_stored_dim(D_), BR = tile::BR, BC = tile::BC, STAGES = tile::STAGES;
+    static constexpr int NWG = 2, THREADS = 384;
     static constexpr bool CAUSAL = CAUSAL_, ORDERED = ORDERED_;
     static constexpr int NQ = BR / 8; /* n8 column groups of S^T, dP^T (queries) */
     static constexpr int NO = D / 8;  /* ... of dV, dK (head dim) */
@@ -51,7 +58,8 @@ typedef struct {
 template <int D> constexpr int sm90_bwd_smem()
 {
     using t = fs_sm90_bwd_tile<D>;
-    return (2 * t::BC * D + 2 * t::STAGES * t::BR * D + 2 * t::BC * t::BR) * 2 + 2 * t::STAGES * t::BR * 4 +
+    constexpr int DS = sm90_bwd_stored_dim(D);
+    return (2 * t::BC * DS + 2 * t::STAGES * t::BR * DS + 2 * t::BC * t::BR) * 2 + 2 * t::STAGES * t::BR * 4 +
            (1 + 2 * t::STAGES) * 8 + 1024;
 }
 
@@ -66,7 +74,7 @@ template <typename T> struct sm90_bwd_shared {
 template <class K> FS_DEV_T sm90_bwd_shared<typename K::T> sm90_bwd_carve(unsigned char *smem_raw)
 {
     using T = typename K::T;
-    constexpr int D = K::D, BR = K::BR, BC = K::BC, STAGES = K::STAGES;
+    constexpr int D = K::DS, BR = K::BR, BC = K::BC, STAGES = K::STAGES;
     sm90_bwd_shared<T> sh;
     sh.sK = reinterpret_cast<T *>(smem_align1024(smem_raw));
     sh.sV = sh.sK + BC * D;
