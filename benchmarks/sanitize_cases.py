@@ -106,8 +106,7 @@ for width in (128, 160, 192, 256):  # every Hopper tile width: staging + TMA, ac
     # one K step per tile, many tiles per CTA: each bias buffer reused while the ring runs ahead
     flashsci.linear(torch.randn(2000, 64, device=dev, dtype=f16), torch.randn(2048, 64, device=dev, dtype=f16),
                     torch.randn(2048, device=dev), activation="gelu")
-    # keeping the pre-activation: TMA-stored from the activation warps' staging tile (gelu, many tiles), stored by the
-    # consumers (relu; swiglu's gate and up halves)
+    # keeping the pre-activation (the product into it, then the elementwise pass): many tiles, relu, swiglu's halves
     xk = torch.randn(2000, 64, device=dev, dtype=f16)
     for act, n in (("gelu", 2048), ("relu", 392)):
         flashsci.linear(xk, torch.randn(n, 64, device=dev, dtype=f16), torch.randn(n, device=dev), activation=act,

@@ -189,20 +189,12 @@ int fs_run_activation(fs_state *st, const fs_act_params *a, fs_tensor *const *ar
     return fs_cpu_run_activation(a, st->num_threads);
 }
 
-/* The forward that keeps the pre-activation for the backward: pre = x W^T + bias (SwiGLU: x Wg^T | x Wu^T), then
- * y = act(pre) (silu(g) u). A CUDA linear does both in its one product (its epilogue stores pre beside y); SwiGLU
- * and the CPU run the product(s) into pre, then the elementwise pass (a CUDA SwiGLU storing g and u from its
- * epilogue's registers measured 7% slower than the two products and the pass: 1305 against 1221 us at ESM-C's
- * 16k x 1152 -> 2 x 3072, forward + backward on an H200). */
+/* The forward that keeps the pre-activation for the backward: pre = x W^T + bias (SwiGLU: x Wg^T | x Wu^T, two
+ * products into the halves of pre's rows), then y = act(pre) (silu(g) u) by the elementwise pass. */
 static int run_with_preactivation(fs_state *st, const fs_gemm_params *p, void *pre, int64_t ldpre, fs_tensor *const *arrays,
                                   int n, uintptr_t stream)
 {
     fs_gemm_params q = *p;
-    if (arrays[0]->is_cuda && !p->swiglu) {
-        q.pre = pre;
-        q.ldpre = ldpre;
-        return fs_run_gemm(st, &q, arrays, n, stream);
-    }
     q.act = FS_ACT_NONE;
     q.swiglu = 0;
     q.w2 = NULL;

@@ -92,9 +92,9 @@ def assert_one_rounding(y, expect):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("mkn", [(2048, 1280, 5120), (100, 200, 136), (130, 72, 264)], ids=str)
 def test_linear_preactivation(mkn, dtype, act, gemm_kernel):
-    """linear(..., preactivation=h), one product on the GPU (its epilogue keeps x W^T + b; on Hopper with many tiles
-    the activation warps store it from their staging tile before activating it): h within 2x torch's own error of
-    float64, y the activation of h's rounded values; h and y poisoned first."""
+    """linear(..., preactivation=h) (the product into h, then the activation as an elementwise pass; Hopper's tile
+    paths: many tiles, few, tails): h within 2x torch's own error of float64, y the activation of h's rounded values;
+    h and y poisoned first."""
     m, k, n = mkn
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     w = (torch.randn(n, k, device="cuda") / math.sqrt(k)).to(dtype)

@@ -1,5 +1,4 @@
-/* The elementwise passes of a differentiable linear layer (gemm/activation.h): SwiGLU's y = silu(g) u from its kept
- * pre-activation, forward (a plain activation runs in the GEMM's epilogue, which keeps the pre-activation beside y);
+/* The elementwise passes of a differentiable linear layer (gemm/activation.h): y = act(h) or silu(g) u forward;
  * dh = dy act'(h) with the bias gradient's column sums, or (dg, du) for SwiGLU, backward. fp16/bf16, math in fp32.
  *
  * Build: part of the extension (CMakeLists.txt); alone:
@@ -9,7 +8,7 @@
  * A block of 16 x 16 threads covers 128 columns (a thread 8 of them: 16-byte loads and stores) and walks rows 16
  * apart; with the bias gradient each thread sums its columns over its rows, the block folds its 16 row lanes in
  * shared memory and adds the 128 sums to an fp32 accumulator with atomics, then one more launch converts it.
- * SwiGLU's silu is the GEMM epilogue's (gemm/epilogue.cuh), so the values are the fused kernel's.
+ * The forward uses the GEMM epilogue's activations (gemm/epilogue.cuh), so the values are the fused kernel's.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -24,7 +23,7 @@
 #define LANES_X 16 /* column chunks per block: 128 columns */
 #define LANES_Y 16 /* row lanes */
 
-enum { MODE_SWIGLU_FORWARD, MODE_BACKWARD, MODE_SWIGLU_BACKWARD };
+enum { MODE_FORWARD, MODE_SWIGLU_FORWARD, MODE_BACKWARD, MODE_SWIGLU_BACKWARD };
 
 /* d act(h) / dh in fp32 (torch's formulas; relu: the gradient passes where h > 0 is not false, as torch lets a
  * NaN through). */
@@ -78,11 +77,12 @@ __global__ void __launch_bounds__(LANES_X *LANES_Y) activation_kernel(const fs_a
         for (int r = blockIdx.y * LANES_Y + ty; r < p.M; r += gridDim.y * LANES_Y) {
             float a[8] = {}, b[8], d[8], o[8];
             if (MODE != MODE_BACKWARD || ACT != FS_ACT_NONE) load8(h + (int64_t)r * p.ldh + col, a); /* none: no h */
-            if (MODE != MODE_BACKWARD) load8(h + (int64_t)r * p.ldh + p.N + col, b);
-            if (MODE != MODE_SWIGLU_FORWARD) load8(dy + (int64_t)r * p.lddy + col, d);
+            if (MODE == MODE_SWIGLU_FORWARD || MODE == MODE_SWIGLU_BACKWARD) load8(h + (int64_t)r * p.ldh + p.N + col, b);
+            if (MODE == MODE_BACKWARD || MODE == MODE_SWIGLU_BACKWARD) load8(dy + (int64_t)r * p.lddy + col, d);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                if (MODE == MODE_SWIGLU_FORWARD) o[i] = gemm_activate<FS_ACT_SILU>(a[i]) * b[i];
+                if (MODE == MODE_FORWARD) o[i] = gemm_activate<ACT>(a[i]);
+                else if (MODE == MODE_SWIGLU_FORWARD) o[i] = gemm_activate<FS_ACT_SILU>(a[i]) * b[i];
                 else if (MODE == MODE_BACKWARD) o[i] = d[i] * act_grad<ACT>(a[i]);
                 else { /* dg = dy u silu'(g) into o, du = dy silu(g) into b */
                     o[i] = d[i] * b[i] * act_grad<FS_ACT_SILU>(a[i]);
@@ -124,8 +124,8 @@ template <typename T, fs_activation ACT>
 static cudaError_t launch_mode(const fs_act_params *p, float *dbias_acc, dim3 grid, cudaStream_t stream)
 {
     const int threads = LANES_X * LANES_Y;
-    if (!p->backward && !p->swiglu) return cudaErrorInvalidValue; /* the GEMM's epilogue applies it */
-    if (!p->backward) activation_kernel<T, FS_ACT_SILU, MODE_SWIGLU_FORWARD><<<grid, threads, 0, stream>>>(*p, dbias_acc);
+    if (!p->backward && !p->swiglu) activation_kernel<T, ACT, MODE_FORWARD><<<grid, threads, 0, stream>>>(*p, dbias_acc);
+    else if (!p->backward) activation_kernel<T, FS_ACT_SILU, MODE_SWIGLU_FORWARD><<<grid, threads, 0, stream>>>(*p, dbias_acc);
     else if (!p->swiglu) activation_kernel<T, ACT, MODE_BACKWARD><<<grid, threads, 0, stream>>>(*p, dbias_acc);
     else activation_kernel<T, FS_ACT_SILU, MODE_SWIGLU_BACKWARD><<<grid, threads, 0, stream>>>(*p, dbias_acc);
     return cudaGetLastError();

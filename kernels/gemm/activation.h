@@ -1,6 +1,6 @@
 /* The elementwise passes around the GEMM when gradients are wanted (the forward keeps the pre-activation, so the
- * activation runs as a pass of its own, except a plain one on the GPU, where the GEMM's epilogue stores both; the
- * backward turns dy into dh = dy act'(h) and sums dh's columns into the bias gradient): the problem shared by the host (csrc/linear_backward.c), the CUDA kernels (gemm/activation.cu)
+ * activation runs as a pass of its own; the backward turns dy into dh = dy act'(h) and sums dh's columns into the
+ * bias gradient): the problem shared by the host (csrc/linear_backward.c), the CUDA kernels (gemm/activation.cu)
  * and the CPU ones (gemm/cpu/activation_cpu.c). Plain C. */
 #ifndef FLASHSCI_GEMM_ACTIVATION_H
 #define FLASHSCI_GEMM_ACTIVATION_H
@@ -14,7 +14,7 @@ extern "C" {
 #endif
 
 /* Over M rows of N columns (strides in elements, rows ld apart, the last dimension contiguous), one dtype:
- *   forward,  linear:  y = act(h)                      h [M, N]   -> out [M, N]        (CPU only)
+ *   forward,  linear:  y = act(h)                      h [M, N]   -> out [M, N]
  *   forward,  SwiGLU:  y = silu(g) u                   h [M, 2N] (g | u) -> out [M, N]
  *   backward, linear:  dh = dy act'(h)                 dy, h [M, N] -> out [M, N] (NULL: act none, only the sums)
  *   backward, SwiGLU:  dg = dy u silu'(g), du = dy silu(g)   dy [M, N], h [M, 2N] -> out [M, 2N] (dg | du)

@@ -79,26 +79,12 @@ template <bool SWIGLU, fs_activation ACT> FS_DEV float2 gemm_finish_pair(float v
     return make_float2(gemm_activate<ACT>(v0), gemm_activate<ACT>(v1));
 }
 
-/* The forward keeping its pre-activation (p.pre): the pair (v0, v1) of output (row, col) rounded to T, stored to pre,
- * and handed back rounded (the activation of them is what the backward's derivative sees). */
-template <typename T> FS_DEV void gemm_keep_pair(const fs_gemm_params &p, int row, int col, float &v0, float &v1)
-{
-    const uint32_t h = pack2<T>(v0, v1);
-    *reinterpret_cast<uint32_t *>(static_cast<T *>(p.pre) + (int64_t)row * p.ldpre + col) = h;
-    const float2 hf = unpack2<T>(h);
-    v0 = hf.x, v1 = hf.y;
-}
-
 /* Finish output elements (row, col) and (row, col + 1) (gemm_finish_pair) and store them; col is even and N is
  * a multiple of 8, so both exist when col < N. */
 template <bool SWIGLU, fs_activation ACT>
 FS_DEV void gemm_store_pair(const fs_gemm_params &p, int row, int col, float v0, float v1, float u0, float u1)
 {
     if (row >= p.M || col >= p.N) return;
-    if (!SWIGLU && p.pre) {
-        if (p.dtype == FS_F16) gemm_keep_pair<__half>(p, row, col, v0, v1);
-        else gemm_keep_pair<__nv_bfloat16>(p, row, col, v0, v1);
-    }
     const float2 v = gemm_finish_pair<SWIGLU, ACT>(v0, v1, u0, u1);
     v0 = v.x;
     v1 = v.y;

@@ -108,34 +108,19 @@ template <int NA, bool SWIGLU> struct epilogue90 {
 /* The same values written to a consumer warpgroup's staging tile for a TMA store: 64 rows x OUT_BN columns of T
  * in boxes of BOX columns, as TMA's swizzles lay them out: BOX = 64, 128-byte rows, 16-byte chunk k of row r at
  * k ^ (r % 8); BOX = 32, 64-byte rows, chunk k at k ^ (r / 2 % 4). This thread's rows are 16 warp + g (+ 8), so
- * either way a warp's 4-byte stores hit 32 distinct banks. KEEP (stage_keep90): the pre-activation pairs of this
- * thread's outputs (rows row0 + 8 h, columns col0 + 8 j) go to keep->pre first. */
+ * either way a warp's 4-byte stores hit 32 distinct banks. */
 template <int NA, bool SWIGLU, typename T, int BOX> struct stage90 {
-    template <fs_activation ACT, bool KEEP = false>
-    FS_DEV void run(const float (&acc)[NA], int warp, int g, int t4, const float *bias, unsigned char *tile,
-                    const fs_gemm_params *keep = nullptr, int row0 = 0, int col0 = 0)
+    template <fs_activation ACT>
+    FS_DEV void run(const float (&acc)[NA], int warp, int g, int t4, const float *bias, unsigned char *tile)
     {
         constexpr int CHUNKS = BOX / 8; /* 16-byte chunks per staging row */
         const int swizzle = BOX == 64 ? g : g >> 1;
         epilogue_pairs90<NA, SWIGLU>(acc, bias, [&](int h, int j, float v0, float v1, float u0, float u1) {
-            if (KEEP && row0 + 8 * h < keep->M && col0 + 8 * j < keep->N) gemm_keep_pair<T>(*keep, row0 + 8 * h, col0 + 8 * j, v0, v1);
             const float2 v = gemm_finish_pair<SWIGLU, ACT>(v0, v1, u0, u1);
             const int r = warp * 16 + g + 8 * h;
             *reinterpret_cast<uint32_t *>(tile + (j / CHUNKS) * (64 * BOX * 2) + r * (BOX * 2) + (((j % CHUNKS) ^ swizzle) << 4) +
                                           4 * t4) = pack2<T>(v.x, v.y);
         });
-    }
-};
-
-/* stage90 keeping the pre-activation: its own instantiation, so that the products that keep none run the epilogue
- * loop without the check (with a runtime check per pair, SwiGLU's forward + backward at ESM-C's 16k x 1152 -> 2 x 3072,
- * whose plain products have short K loops, ran 1240 -> 1297 us on an H200). */
-template <int NA, typename T, int BOX> struct stage_keep90 {
-    template <fs_activation ACT>
-    FS_DEV void run(const float (&acc)[NA], int warp, int g, int t4, const float *bias, unsigned char *tile,
-                    const fs_gemm_params *keep, int row0, int col0)
-    {
-        stage90<NA, false, T, BOX>::template run<ACT, true>(acc, warp, g, t4, bias, tile, keep, row0, col0);
     }
 };
 
@@ -177,8 +162,7 @@ enum { LAYOUT_NT = 0, LAYOUT_NN = 1, LAYOUT_TN = 2 };
 template <int BN, typename T, bool SWIGLU, int LAYOUT>
 __global__ void __launch_bounds__(THREADS, 1)
 gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
-          const __grid_constant__ CUtensorMap map_w2, const __grid_constant__ CUtensorMap map_y,
-          const __grid_constant__ CUtensorMap map_pre, const fs_gemm90_args a)
+          const __grid_constant__ CUtensorMap map_w2, const __grid_constant__ CUtensorMap map_y, const fs_gemm90_args a)
 {
 #ifdef FS_WGMMA
     constexpr int STAGES = fs_gemm90_tile<BN, SWIGLU>::STAGES, OUT_BN = SWIGLU ? BN / 2 : BN, NA = BN / 2,
@@ -267,13 +251,6 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                 for (int cw = 0; cw < 2; cw++) {
                     unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
                     mbar_wait(&staged[cw], parity);
-                    if (p.pre) { /* the staged x W^T + bias out to pre before the activation overwrites it */
-                        if (i == 0) {
-                            store_staging90<OUT_BN, BOX>(&map_pre, tile, tm, tn, cw);
-                            bulk_wait_read();
-                        }
-                        act_warps_sync();
-                    }
                     gemm_epilogue_dispatch<activate_tile90<OUT_BN, T>>(p.act, tile, i);
                     fence_proxy_async();
                     act_warps_sync();
@@ -343,7 +320,6 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                 unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
                 mbar_wait(&stored[cw], tile_count & 1); /* parity 1 on the first tile: passes */
                 stage90<NA, false, T, BOX>::template run<FS_ACT_NONE>(acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile);
-                if (p.pre) fence_proxy_async(); /* the activation warps store the tile to pre as it is */
                 mbar_arrive(&staged[cw]);
             } else if (a.tma_store) {
                 /* through the warpgroup's staging tile (its previous TMA store has read it: above): fill it, make the
@@ -351,9 +327,6 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                 unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
                 if (SWIGLU) stage90<NA, true, T, BOX>::template run<FS_ACT_SILU>(acc, warp, g, t4, nullptr, tile);
                 else if (LAYOUT != LAYOUT_NT) stage90<NA, false, T, BOX>::template run<FS_ACT_NONE>(acc, warp, g, t4, nullptr, tile);
-                else if (p.pre)
-                    gemm_epilogue_dispatch<stage_keep90<NA, T, BOX>>(p.act, acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile, &p,
-                                                                     row0, col0);
                 else gemm_epilogue_dispatch<stage90<NA, false, T, BOX>>(p.act, acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile);
                 fence_proxy_async();
                 warpgroup_sync(cw);
@@ -409,7 +382,7 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
         *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN, SWIGLU>::STAGES, THREADS, SMEM, grid, tiles};
         return cudaSuccess;
     }
-    CUtensorMap mx, mw, mw2, my, mpre;
+    CUtensorMap mx, mw, mw2, my;
     cudaError_t err = LAYOUT == LAYOUT_TN ? make_map(&mx, p->x, p->dtype, p->K, p->M, p->ldx, BK, 64)
                                           : make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM, BK);
     const int w_rows = LAYOUT == LAYOUT_NN && p->w2 ? p->K / 2 : p->K; /* W^T's rows per map: halves, or all */
@@ -422,13 +395,9 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
                                            : (mw2 = mw, cudaSuccess);
     if (err == cudaSuccess)
         err = a.tma_store ? make_map(&my, p->y, p->dtype, p->M, p->N, p->ldy, 64, fs_gemm90_tile<BN, SWIGLU>::BOX) : (my = mx, cudaSuccess);
-    /* the kept pre-activation, stored by TMA from the staging tile where the activation warps apply the activation */
-    if (err == cudaSuccess)
-        err = !SWIGLU && p->pre ? make_map(&mpre, p->pre, p->dtype, p->M, p->N, p->ldpre, 64, fs_gemm90_tile<BN, SWIGLU>::BOX)
-                                : (mpre = mx, cudaSuccess);
     if (err == cudaSuccess) err = fs_kernel_prepare(kernel, &handle, SMEM, device);
     if (err != cudaSuccess) return err;
-    void *args[] = {&mx, &mw, &mw2, &my, &mpre, &a};
+    void *args[] = {&mx, &mw, &mw2, &my, &a};
     return fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
 }
 
