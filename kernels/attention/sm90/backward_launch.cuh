@@ -63,9 +63,10 @@ static cudaError_t bwd90_launch_d(const fs_attn_bwd_params *g, const fs_sm90_bwd
 template <typename T>
 static cudaError_t bwd90_launch_dtype(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream)
 {
-    /* D = 80 (the 2.7B LM's head dim) on its own kernel, products over 80 columns and shared memory as at 128: 9-16%
-     * faster than the D = 128 kernel reading 80 columns; deterministic runs stay there (the ordered instantiation at
-     * 80 has its wgmmas serialized for want of registers). 96, 112 on the D = 128 kernel, zeros past their columns */
+    /* D = 80 (the 2.7B LM's head dim) on its own kernel, products over 80 columns and shared memory as at 128: 8-14%
+     * less time than the D = 128 kernel reading 80 columns (from 2048 tokens); deterministic runs stay there (the
+     * ordered instantiation at 80 has its wgmmas serialized for want of registers). 96, 112 on the D = 128 kernel,
+     * zeros past their columns */
     if (g->p.D == 80 && !w->dq_order)
         return g->p.causal ? bwd90_launch<80, T, true, false>(g, w, device, stream) : bwd90_launch<80, T, false, false>(g, w, device, stream);
     switch (sm90_kernel_dim(g->p.D)) {
