@@ -90,14 +90,12 @@ def _eager(args):
             all(type(a) in _PLAIN for a in args if isinstance(a, torch.Tensor)))
 
 
-def _call(op, args, differentiable):
-    """op(*args): in eager mode on plain tensors its implementation, through _Eager where autograd records a call on the
-    tensors in differentiable; the custom op otherwise."""
+def _call(op, args, record):
+    """op(*args): in eager mode on plain tensors its implementation, through _Eager where autograd records the call
+    (record: needs_grad of its differentiable inputs); the custom op otherwise."""
     if not _eager(args):
         return op(*args)
-    if needs_grad(*differentiable):
-        return _Eager.apply(*args, op)
-    return _IMPL[op][0](*args)
+    return _Eager.apply(*args, op) if record else _IMPL[op][0](*args)
 
 
 def _op(ctx, op):
@@ -220,7 +218,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Opti
            t5_max_distance=(t5_max_distance, "int"), t5_bidirectional=(t5_bidirectional, "bool"),
            rotary_base=(rotary_base, "float?"))
     return _call(attention_fwd, (q, k, v, causal, scale, layout, key_padding_mask, seqlens, bias, t5_table, t5_num_buckets,
-                                 t5_max_distance, t5_bidirectional, rotary_base), (q, k, v, bias, t5_table))[0]
+                                 t5_max_distance, t5_bidirectional, rotary_base),
+                 needs_grad(q, k, v, bias, t5_table))[0]
 
 
 # ---------------------------------------------------------------------------------------------------------- packed
@@ -313,7 +312,7 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
            t5_bidirectional=(t5_bidirectional, "bool"), rotary_base=(rotary_base, "float?"))
     return _call(attention_varlen_fwd, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                                         t5_table, t5_num_buckets, t5_max_distance, t5_bidirectional, rotary_base),
-                 (q, k, v, t5_table))[0]
+                 needs_grad(q, k, v, t5_table))[0]
 
 
 # ---------------------------------------------------------------------------------------------------------- composites
@@ -409,7 +408,7 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation:
     """act(x @ weight.T + bias) by flashsci.linear, differentiable in x, weight and bias."""
     _check("linear", x=(x, "Tensor"), weight=(weight, "Tensor"), bias=(bias, "Tensor?"), activation=(activation, "str?"))
     grad = needs_grad(x, weight, bias)
-    return _call(linear_fwd, (x, weight, bias, activation, grad), (x, weight, bias) if grad else ())[0]
+    return _call(linear_fwd, (x, weight, bias, activation, grad), grad)[0]
 
 
 def _swiglu_fwd(x: Tensor, w_gate: Tensor, w_up: Optional[Tensor] = None,
@@ -469,7 +468,7 @@ def swiglu(x: Tensor, w_gate: Tensor, w_up: Optional[Tensor] = None) -> Tensor:
     """silu(x @ w_gate.T) * (x @ w_up.T) by flashsci.swiglu (or a packed [2N, K] w_gate), differentiable."""
     _check("swiglu", x=(x, "Tensor"), w_gate=(w_gate, "Tensor"), w_up=(w_up, "Tensor?"))
     grad = needs_grad(x, w_gate, w_up)
-    return _call(swiglu_fwd, (x, w_gate, w_up, grad), (x, w_gate, w_up) if grad else ())[0]
+    return _call(swiglu_fwd, (x, w_gate, w_up, grad), grad)[0]
 
 
 torch.library.define("flashsci::linear", "(Tensor x, Tensor weight, Tensor? bias=None, str? activation=None) -> Tensor")
