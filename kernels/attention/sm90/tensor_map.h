@@ -9,7 +9,8 @@
 
 /* The head dim of the kernel that runs data of head dim d, or 0: 64 and 128 their own; 80, 96 and 112 the D = 128
  * kernel, whose boxes of 64 columns read zeros past the data's d columns (TMA's out-of-bounds fill) and whose stores
- * drop the columns past them, so no padded copies are made. d % 16 == 0: the rotary pre-pass and the backward's
+ * drop the columns past them, so no padded copies are made (the backward runs 80 on an instantiation of its own with
+ * the same boxes: backward_launch.cuh). d % 16 == 0: the rotary pre-pass and the backward's
  * post-pass turn chunk pairs of 8 columns at d / 2 apart. */
 static inline int sm90_kernel_dim(int d)
 {

@@ -44,6 +44,7 @@ def paired_ms(torch, fns, n=5, rounds=ROUNDS):
 
 
 def set_attention(model, attention):
+    """Switch every block of model to attention ("naive", "sdpa" or "flashsci")."""
     for block in model.blocks:
         block.attention = attention
 
