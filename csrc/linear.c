@@ -190,11 +190,17 @@ int fs_run_activation(fs_state *st, const fs_act_params *a, fs_tensor *const *ar
 }
 
 /* The forward that keeps the pre-activation for the backward: pre = x W^T + bias (SwiGLU: x Wg^T | x Wu^T, two
- * products into the halves of pre's rows), then y = act(pre) (silu(g) u) by the elementwise pass. */
+ * products into the halves of pre's rows), then y = act(pre) (silu(g) u) by the elementwise pass. A CUDA linear
+ * layer hands pre to the GEMM, whose launchers keep it (in the epilogue where the activation warps run). */
 static int run_with_preactivation(fs_state *st, const fs_gemm_params *p, void *pre, int64_t ldpre, fs_tensor *const *arrays,
                                   int n, uintptr_t stream)
 {
     fs_gemm_params q = *p;
+    if (arrays[0]->is_cuda && !p->swiglu) {
+        q.pre = pre;
+        q.ldpre = ldpre;
+        return fs_run_gemm(st, &q, arrays, n, stream);
+    }
     q.act = FS_ACT_NONE;
     q.swiglu = 0;
     q.w2 = NULL;

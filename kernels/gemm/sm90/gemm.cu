@@ -28,6 +28,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "gemm/activation_launch.h"
 #include "gemm/launchers.h"
 #include "gemm/epilogue.cuh"
 #include "common/launch.cuh"
@@ -162,7 +163,8 @@ enum { LAYOUT_NT = 0, LAYOUT_NN = 1, LAYOUT_TN = 2 };
 template <int BN, typename T, bool SWIGLU, int LAYOUT>
 __global__ void __launch_bounds__(THREADS, 1)
 gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
-          const __grid_constant__ CUtensorMap map_w2, const __grid_constant__ CUtensorMap map_y, const fs_gemm90_args a)
+          const __grid_constant__ CUtensorMap map_w2, const __grid_constant__ CUtensorMap map_y,
+          const __grid_constant__ CUtensorMap map_pre, const fs_gemm90_args a)
 {
 #ifdef FS_WGMMA
     constexpr int STAGES = fs_gemm90_tile<BN, SWIGLU>::STAGES, OUT_BN = SWIGLU ? BN / 2 : BN, NA = BN / 2,
@@ -251,6 +253,13 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                 for (int cw = 0; cw < 2; cw++) {
                     unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
                     mbar_wait(&staged[cw], parity);
+                    if (p.pre) { /* the staged x W^T + bias out to the kept pre-activation before it is activated */
+                        if (i == 0) {
+                            store_staging90<OUT_BN, BOX>(&map_pre, tile, tm, tn, cw);
+                            bulk_wait_read();
+                        }
+                        act_warps_sync();
+                    }
                     gemm_epilogue_dispatch<activate_tile90<OUT_BN, T>>(p.act, tile, i);
                     fence_proxy_async();
                     act_warps_sync();
@@ -320,6 +329,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                 unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
                 mbar_wait(&stored[cw], tile_count & 1); /* parity 1 on the first tile: passes */
                 stage90<NA, false, T, BOX>::template run<FS_ACT_NONE>(acc, warp, g, t4, bias ? bias + 2 * t4 : nullptr, tile);
+                if (p.pre) fence_proxy_async(); /* the activation warps store the tile to pre as it is */
                 mbar_arrive(&staged[cw]);
             } else if (a.tma_store) {
                 /* through the warpgroup's staging tile (its previous TMA store has read it: above): fill it, make the
@@ -382,7 +392,14 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
         *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN, SWIGLU>::STAGES, THREADS, SMEM, grid, tiles};
         return cudaSuccess;
     }
-    CUtensorMap mx, mw, mw2, my;
+    /* a kept pre-activation: stored from the activation warps' staging tiles in this launch, otherwise in two steps
+     * (the product into it, then the activation pass), so that no other epilogue carries the code */
+    if (p->pre && !a.act_warps) {
+        const fs_gemm_params q = fs_gemm_into_pre(p);
+        const cudaError_t err = launch<BN, T, SWIGLU, LAYOUT>(&q, device, sm_count, stream, NULL);
+        return err == cudaSuccess ? fs_activation_of_pre(p, device, stream) : err;
+    }
+    CUtensorMap mx, mw, mw2, my, mpre;
     cudaError_t err = LAYOUT == LAYOUT_TN ? make_map(&mx, p->x, p->dtype, p->K, p->M, p->ldx, BK, 64)
                                           : make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM, BK);
     const int w_rows = LAYOUT == LAYOUT_NN && p->w2 ? p->K / 2 : p->K; /* W^T's rows per map: halves, or all */
@@ -395,9 +412,13 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
                                            : (mw2 = mw, cudaSuccess);
     if (err == cudaSuccess)
         err = a.tma_store ? make_map(&my, p->y, p->dtype, p->M, p->N, p->ldy, 64, fs_gemm90_tile<BN, SWIGLU>::BOX) : (my = mx, cudaSuccess);
+    /* the kept pre-activation, stored by TMA from the staging tiles of the activation warps */
+    if (err == cudaSuccess)
+        err = p->pre ? make_map(&mpre, p->pre, p->dtype, p->M, p->N, p->ldpre, 64, fs_gemm90_tile<BN, SWIGLU>::BOX)
+                     : (mpre = mx, cudaSuccess);
     if (err == cudaSuccess) err = fs_kernel_prepare(kernel, &handle, SMEM, device);
     if (err != cudaSuccess) return err;
-    void *args[] = {&mx, &mw, &mw2, &my, &a};
+    void *args[] = {&mx, &mw, &mw2, &my, &mpre, &a};
     return fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
 }
 
