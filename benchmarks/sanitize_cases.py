@@ -106,12 +106,14 @@ for width in (128, 160, 192, 256):  # every Hopper tile width: staging + TMA, ac
     # one K step per tile, many tiles per CTA: each bias buffer reused while the ring runs ahead
     flashsci.linear(torch.randn(2000, 64, device=dev, dtype=f16), torch.randn(2048, 64, device=dev, dtype=f16),
                     torch.randn(2048, device=dev), activation="gelu")
-    # keeping the pre-activation (the product into it, then the elementwise pass): many tiles, relu, swiglu's halves
-    xk = torch.randn(2000, 64, device=dev, dtype=f16)
-    for act, n in (("gelu", 2048), ("relu", 392)):
-        flashsci.linear(xk, torch.randn(n, 64, device=dev, dtype=f16), torch.randn(n, device=dev), activation=act,
-                        preactivation=torch.empty(2000, n, device=dev, dtype=f16))
-    flashsci.swiglu(xk, torch.randn(2 * 392, 64, device=dev, dtype=f16), preactivation=torch.empty(2000, 784, device=dev, dtype=f16))
+    # keeping the pre-activation: many tiles (stored by the activation warps; SwiGLU's g and u tiles side by side,
+    # N's tail), relu and few tiles (the product into it, then the elementwise pass)
+    for rows in (5000, 300):
+        xk = torch.randn(rows, 64, device=dev, dtype=f16)
+        for act, n in (("gelu", 2048), ("relu", 392)):
+            flashsci.linear(xk, torch.randn(n, 64, device=dev, dtype=f16), torch.randn(n, device=dev), activation=act,
+                            preactivation=torch.empty(rows, n, device=dev, dtype=f16))
+        flashsci.swiglu(xk, torch.randn(2 * 392, 64, device=dev, dtype=f16), preactivation=torch.empty(rows, 784, device=dev, dtype=f16))
     torch.cuda.synchronize()
 for kernel in ("auto", "sm80", "sm90:128", "sm90:192"):  # the backward: transposed products, halves, elementwise passes
     flashsci._flashsci._set_gemm_kernel(kernel)

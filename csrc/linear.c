@@ -190,42 +190,21 @@ int fs_run_activation(fs_state *st, const fs_act_params *a, fs_tensor *const *ar
 }
 
 /* The forward that keeps the pre-activation for the backward: pre = x W^T + bias (SwiGLU: x Wg^T | x Wu^T, two
- * products into the halves of pre's rows), then y = act(pre) (silu(g) u) by the elementwise pass. A CUDA linear
- * layer hands pre to the GEMM, whose launchers keep it (in the epilogue where the activation warps run). */
+ * products into the halves of pre's rows), then y = act(pre) (silu(g) u) by the elementwise pass. On CUDA the GEMM
+ * takes pre and keeps it itself (in the epilogue where the Hopper activation warps run, else in these two steps). */
 static int run_with_preactivation(fs_state *st, const fs_gemm_params *p, void *pre, int64_t ldpre, fs_tensor *const *arrays,
                                   int n, uintptr_t stream)
 {
     fs_gemm_params q = *p;
-    if (arrays[0]->is_cuda && !p->swiglu) {
-        q.pre = pre;
-        q.ldpre = ldpre;
-        return fs_run_gemm(st, &q, arrays, n, stream);
-    }
-    q.act = FS_ACT_NONE;
-    q.swiglu = 0;
-    q.w2 = NULL;
-    q.y = pre;
-    q.ldy = ldpre;
-    q.out_dtype = p->dtype;
-    if (fs_run_gemm(st, &q, arrays, n, stream) < 0) return -1;
-    if (p->swiglu) {
-        q.w = p->w2;
-        q.ldw = p->ldw2;
-        q.y = (char *)pre + (size_t)p->N * fs_dtype_itemsize(p->dtype);
-        if (fs_run_gemm(st, &q, arrays, 0, stream) < 0) return -1;
-    }
+    q.pre = pre;
+    q.ldpre = ldpre;
+    if (arrays[0]->is_cuda) return fs_run_gemm(st, &q, arrays, n, stream);
+    fs_gemm_params prod[2];
+    const int count = fs_gemm_pre_products(&q, prod);
+    for (int i = 0; i < count; i++)
+        if (fs_run_gemm(st, &prod[i], arrays, i ? 0 : n, stream) < 0) return -1;
     if (p->M == 0 || p->N == 0) return 0;
-    fs_act_params a;
-    memset(&a, 0, sizeof a);
-    a.h = pre;
-    a.ldh = ldpre;
-    a.out = p->y;
-    a.ldo = p->ldy;
-    a.M = p->M;
-    a.N = p->N;
-    a.dtype = p->dtype;
-    a.act = p->act;
-    a.swiglu = p->swiglu;
+    const fs_act_params a = fs_gemm_pre_pass(&q);
     return fs_run_activation(st, &a, arrays, 0, stream);
 }
 

@@ -59,12 +59,16 @@ def test_linear_grads(mkn, dtype, act, gemm_kernel):
 
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("mkn", [(2048, 1152, 3072), (300, 136, 200), (5, 64, 24)], ids=str)
+@pytest.mark.parametrize("mkn", [(2048, 1152, 3072), (16384, 64, 328), (300, 136, 200), (5, 64, 24)], ids=str)
 def test_swiglu_preactivation(mkn, dtype, packed, gemm_kernel):
-    """swiglu(..., preactivation=h) (the gate and up products into h, then the elementwise pass): h holds
-    x Wg^T | x Wu^T as accurately as torch's products (assert_within), and y is silu(g) u of h's rounded values (to one
-    rounding of y); h and y poisoned first."""
-    m, k, n = mkn
+    """swiglu(..., preactivation=h) (Hopper, many tiles: one product whose tiles hold g and u side by side, both
+    stored to h before silu(g) u; else the gate and up products into h, then the elementwise pass; N's tail in the
+    second shape): h holds x Wg^T | x Wu^T as accurately as torch's products (assert_within), and y is silu(g) u of
+    h's rounded values (to one rounding of y); h and y poisoned first."""
+    check_swiglu_preactivation(*mkn, dtype, packed)
+
+
+def check_swiglu_preactivation(m, k, n, dtype, packed):
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     wg, wu = ((torch.randn(n, k, device="cuda") / math.sqrt(k)).to(dtype) for _ in range(2))
     h = torch.full((m, 2 * n), float("nan"), device="cuda", dtype=dtype)
@@ -88,12 +92,33 @@ def assert_one_rounding(y, expect):
 
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("mkn", [(2048, 1280, 5120), (100, 200, 136), (130, 72, 264)], ids=str)
+@pytest.mark.parametrize("mkn", [(2048, 1280, 5120), (16384, 64, 328), (100, 200, 136), (130, 72, 264)], ids=str)
 def test_linear_preactivation(mkn, dtype, act, gemm_kernel):
-    """linear(..., preactivation=h) (the product into h, then the activation as an elementwise pass; Hopper's tile
-    paths: many tiles, few, tails): h as accurate as torch's F.linear (assert_within), y the activation of h's rounded values;
-    h and y poisoned first."""
-    m, k, n = mkn
+    """linear(..., preactivation=h) (Hopper, many tiles and an activation its producer warpgroup applies: h stored
+    from the staged tile before it is activated; else the product into h, then the activation as an elementwise pass;
+    tails): h as accurate as torch's F.linear (assert_within), y the activation of h's rounded values; h and y
+    poisoned first."""
+    check_linear_preactivation(*mkn, dtype, act)
+
+
+@pytest.mark.parametrize("width", [128, 160, 192, 256])
+def test_preactivation_hopper_widths(width):
+    """The kept pre-activation at every Hopper tile width forced (32- and 64-column boxes; SwiGLU takes 128 or 256,
+    whose halves are whole boxes, whatever is forced), many tiles with tails in M and N, and few tiles."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper GEMM runs on sm_90 devices only")
+    flashsci._flashsci._set_gemm_kernel(f"sm90:{width}")
+    try:
+        for m, k, n in [(16300, 72, 328), (300, 136, 200)]:
+            check_linear_preactivation(m, k, n, torch.bfloat16, "gelu")
+            check_linear_preactivation(m, k, n, torch.float16, "silu")
+            check_swiglu_preactivation(m, k, n, torch.bfloat16, packed=False)
+            check_swiglu_preactivation(m, k, n, torch.float16, packed=True)
+    finally:
+        flashsci._flashsci._set_gemm_kernel("auto")
+
+
+def check_linear_preactivation(m, k, n, dtype, act):
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     w = (torch.randn(n, k, device="cuda") / math.sqrt(k)).to(dtype)
     b = torch.randn(n, device="cuda", dtype=dtype)

@@ -13,7 +13,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "common/cuda_ptx.cuh"
 #include "common/workspace.h"
@@ -141,21 +140,6 @@ template <typename T> static cudaError_t launch_act(const fs_act_params *p, floa
     case FS_ACT_SILU: return launch_mode<T, FS_ACT_SILU>(p, dbias_acc, grid, stream);
     default: return launch_mode<T, FS_ACT_NONE>(p, dbias_acc, grid, stream);
     }
-}
-
-extern "C" cudaError_t fs_activation_of_pre(const fs_gemm_params *p, int device, cudaStream_t stream)
-{
-    fs_act_params a;
-    memset(&a, 0, sizeof a);
-    a.h = p->pre;
-    a.ldh = p->ldpre;
-    a.out = p->y;
-    a.ldo = p->ldy;
-    a.M = p->M;
-    a.N = p->N;
-    a.dtype = p->dtype;
-    a.act = p->act;
-    return fs_activation_gpu(&a, device, stream);
 }
 
 extern "C" cudaError_t fs_activation_gpu(const fs_act_params *p, int device, cudaStream_t stream)

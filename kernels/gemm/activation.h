@@ -6,6 +6,7 @@
 #define FLASHSCI_GEMM_ACTIVATION_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "gemm/params.h"
 
@@ -29,6 +30,44 @@ typedef struct {
     fs_activation act;
     int swiglu, backward;
 } fs_act_params;
+
+/* A forward keeping its pre-activation in two steps (where the GEMM's epilogue does not keep it), the first step's
+ * products into q, their count returned: x W^T + bias into p->pre, no activation (SwiGLU: the gate and the up
+ * product into pre's two halves). */
+static inline int fs_gemm_pre_products(const fs_gemm_params *p, fs_gemm_params q[2])
+{
+    q[0] = *p;
+    q[0].pre = NULL;
+    q[0].act = FS_ACT_NONE;
+    q[0].swiglu = 0;
+    q[0].w2 = NULL;
+    q[0].y = p->pre;
+    q[0].ldy = p->ldpre;
+    q[0].out_dtype = p->dtype;
+    if (!p->swiglu) return 1;
+    q[1] = q[0];
+    q[1].w = p->w2;
+    q[1].ldw = p->ldw2;
+    q[1].y = (char *)p->pre + (size_t)p->N * fs_dtype_itemsize(p->dtype);
+    return 2;
+}
+
+/* The second step: the forward pass from p->pre to p->y. */
+static inline fs_act_params fs_gemm_pre_pass(const fs_gemm_params *p)
+{
+    fs_act_params a;
+    memset(&a, 0, sizeof a);
+    a.h = p->pre;
+    a.ldh = p->ldpre;
+    a.out = p->y;
+    a.ldo = p->ldy;
+    a.M = p->M;
+    a.N = p->N;
+    a.dtype = p->dtype;
+    a.act = p->act;
+    a.swiglu = p->swiglu;
+    return a;
+}
 
 #ifdef __cplusplus
 }

@@ -23,9 +23,9 @@ typedef enum { FS_ACT_NONE = 0, FS_ACT_RELU, FS_ACT_GELU, FS_ACT_GELU_TANH, FS_A
  *   trans_w, w = X). Transposed products take no bias, activation or SwiGLU. With trans_w, a non-NULL w2 holds the
  *   second half of W^T's rows (K even; rows K / 2 .. K of W^T are w2's rows 0 .. K / 2, ldw2 apart): the SwiGLU
  *   backward's dX = dG Wg + dU Wu as one product of X = (dG | dU) with separate gate and up weights.
- * On the GPU with pre non-NULL (not with swiglu) the forward also keeps its pre-activation for the backward: pre
- *   [M, N] (dtype, rows ldpre apart, 16-byte aligned; out_dtype == dtype) gets X W^T + bias rounded to dtype, and Y
- *   is the activation of those rounded values. */
+ * On the GPU with pre non-NULL the forward also keeps its pre-activation for the backward: pre [M, N] (SwiGLU:
+ *   [M, 2 N], X Wg^T then X Wu^T; dtype, rows ldpre apart, 16-byte aligned; out_dtype == dtype) gets X W^T + bias
+ *   rounded to dtype, and Y is the activation of those rounded values. */
 typedef struct {
     const void *x, *w, *w2, *bias;
     void *y, *pre;

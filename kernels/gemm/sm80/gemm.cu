@@ -202,10 +202,13 @@ template <typename T> static cudaError_t launch_transposed(const fs_gemm_params 
 
 extern "C" cudaError_t fs_gemm_sm80(const fs_gemm_params *p, int device, cudaStream_t stream, fs_gemm_plan *plan)
 {
-    if (p->pre && !plan) { /* the pre-activation kept in two steps: the product into it, then the activation pass */
-        const fs_gemm_params q = fs_gemm_into_pre(p);
-        const cudaError_t err = fs_gemm_sm80(&q, device, stream, NULL);
-        return err == cudaSuccess ? fs_activation_of_pre(p, device, stream) : err;
+    if (p->pre && !plan) { /* the pre-activation kept in two steps: the products into it, then the activation pass */
+        fs_gemm_params q[2];
+        const int n = fs_gemm_pre_products(p, q);
+        cudaError_t err = cudaSuccess;
+        for (int i = 0; i < n && err == cudaSuccess; i++) err = fs_gemm_sm80(&q[i], device, stream, NULL);
+        const fs_act_params pass = fs_gemm_pre_pass(p);
+        return err == cudaSuccess ? fs_activation_gpu(&pass, device, stream) : err;
     }
     if ((p->trans_x && !p->trans_w) || (p->trans_w && p->w2 && (p->trans_x || p->K % 2))) return cudaErrorInvalidValue;
     if (p->trans_w) return p->dtype == FS_F16 ? launch_transposed<__half>(p, device, stream, plan)

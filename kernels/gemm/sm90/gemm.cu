@@ -59,6 +59,8 @@ typedef struct {
     int tiles_m, tiles_n, tiles;
     int tma_store; /* the output goes out through shared memory and TMA (same dtype as x, 16-byte aligned rows) */
     int act_warps; /* with tma_store: the producer warpgroup's warps 1-3 apply the activation in the staging tiles */
+    int paired;    /* a SwiGLU forward keeping (g | u) in pre: a plain kernel's tile holds BN / 2 columns of g, then
+                    * the same columns of u, both stored to pre before the activation warps form silu(g) u */
 } fs_gemm90_args;
 
 #ifdef FS_WGMMA
@@ -157,6 +159,37 @@ FS_DEV void store_staging90(const CUtensorMap *map_y, const unsigned char *tile,
 }
 #endif
 
+/* silu(g) u in place of g in a paired staging tile (64 rows of BN / 2 columns of g, then the same of u, in boxes of
+ * 64 columns, so that a value of g and its u lie HALF bytes apart) by the three activation warps, as
+ * activate_tile90. */
+template <int BN, typename T> FS_DEV void swiglu_tile90(unsigned char *tile, int i)
+{
+    constexpr int HALF = 64 * BN; /* bytes of one half: 64 rows x BN / 2 columns x 2 bytes */
+#pragma unroll 2
+    for (int c = i; c < HALF / 16; c += 96) {
+        uint4 *chunk = reinterpret_cast<uint4 *>(tile) + c;
+        uint4 v = *chunk;
+        const uint4 up = *reinterpret_cast<const uint4 *>(tile + HALF + 16 * c);
+        uint32_t *w = reinterpret_cast<uint32_t *>(&v);
+        const uint32_t *wu = reinterpret_cast<const uint32_t *>(&up);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 g = unpack2<T>(w[k]), u = unpack2<T>(wu[k]);
+            w[k] = pack2<T>(gemm_activate<FS_ACT_SILU>(g.x) * u.x, gemm_activate<FS_ACT_SILU>(g.y) * u.y);
+        }
+        *chunk = v;
+    }
+}
+
+#ifdef FS_WGMMA
+/* Boxes [b0, b1) of a staging tile (64-column boxes) out through map at columns col.., rows row.., in the calling
+ * thread's current bulk group. */
+FS_DEV void store_boxes90(const CUtensorMap *map, const unsigned char *tile, int b0, int b1, int col, int row)
+{
+    for (int b = b0; b < b1; b++) tma_store_2d(map, tile + b * (64 * 64 * 2), col + 64 * (b - b0), row);
+}
+#endif
+
 /* Operand layouts: X W^T as nn.Linear stores them; W^T given (X W); X^T and W^T given (X^T W). */
 enum { LAYOUT_NT = 0, LAYOUT_NN = 1, LAYOUT_TN = 2 };
 
@@ -164,7 +197,7 @@ template <int BN, typename T, bool SWIGLU, int LAYOUT>
 __global__ void __launch_bounds__(THREADS, 1)
 gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
           const __grid_constant__ CUtensorMap map_w2, const __grid_constant__ CUtensorMap map_y,
-          const __grid_constant__ CUtensorMap map_pre, const fs_gemm90_args a)
+          const __grid_constant__ CUtensorMap map_pre, const __grid_constant__ CUtensorMap map_pre2, const fs_gemm90_args a)
 {
 #ifdef FS_WGMMA
     constexpr int STAGES = fs_gemm90_tile<BN, SWIGLU>::STAGES, OUT_BN = SWIGLU ? BN / 2 : BN, NA = BN / 2,
@@ -213,9 +246,11 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             for (int t = blockIdx.x; t < a.tiles; t += gridDim.x, i++) {
                 int tm, tn;
                 gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
-                /* the W tile in two boxes of BN / 2 rows (SwiGLU: the gate rows, then the same rows of the up weight) */
-                const CUtensorMap *wmap1 = SWIGLU ? &map_w2 : &map_w;
-                const int wrow0 = SWIGLU ? tn * OUT_BN : tn * BN, wrow1 = SWIGLU ? wrow0 : wrow0 + BN / 2;
+                /* the W tile in two boxes of BN / 2 rows (SwiGLU, paired: the gate rows, then the same rows of the
+                 * up weight) */
+                const bool pairs = SWIGLU || a.paired;
+                const CUtensorMap *wmap1 = pairs ? &map_w2 : &map_w;
+                const int wrow0 = pairs ? tn * (BN / 2) : tn * BN, wrow1 = pairs ? wrow0 : wrow0 + BN / 2;
                 /* the tile's bias columns that exist (N is a multiple of 8: whole 16-byte chunks) */
                 const uint32_t bias_bytes = !SWIGLU && p.bias ? min(OUT_BN, p.N - tn * OUT_BN) * bias_size : 0;
                 for (int kt = 0; kt < nk; kt++) {
@@ -242,29 +277,44 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                     if (++s == STAGES) { s = 0; phase ^= 1; }
                 }
             }
-        } else if (!SWIGLU && a.act_warps && threadIdx.x >= 32) {
-            /* activation warps 1-3: for each tile and consumer warpgroup cw, once cw has staged x W^T + bias, apply
-             * the activation there and store the tile with TMA, while the consumers run the next tile's wgmmas */
-            const int i = threadIdx.x - 32;
+        } else if (LAYOUT == LAYOUT_NT && !SWIGLU && a.act_warps && threadIdx.x >= 32) {
+            /* activation warps 1-3: for each tile and consumer warpgroup cw, once cw has staged x W^T + bias, store
+             * it to the kept pre-activation (if any), apply the activation there and store the tile to y with TMA,
+             * while the consumers run the next tile's wgmmas. Paired (SwiGLU keeping (g | u)): g's boxes to pre's
+             * first half, u's to its second, then silu(g) u in g's place out to y. */
+            const int i = threadIdx.x - 32, HB = BN / 128; /* paired: 64-column boxes per half */
             int parity = 0;
             for (int t = blockIdx.x; t < a.tiles; t += gridDim.x, parity ^= 1) {
                 int tm, tn;
                 gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
                 for (int cw = 0; cw < 2; cw++) {
                     unsigned char *tile = reinterpret_cast<unsigned char *>(sC + cw * 64 * OUT_BN);
+                    const int row = tm * BM + cw * 64, col = tn * (BN / 2);
                     mbar_wait(&staged[cw], parity);
-                    if (p.pre) { /* the staged x W^T + bias out to the kept pre-activation before it is activated */
+                    if (p.pre) { /* out to pre as staged, read by TMA before the tile is activated in place */
                         if (i == 0) {
-                            store_staging90<OUT_BN, BOX>(&map_pre, tile, tm, tn, cw);
+                            if (a.paired) {
+                                store_boxes90(&map_pre, tile, 0, HB, col, row);
+                                store_boxes90(&map_pre2, tile, HB, 2 * HB, col, row);
+                                bulk_commit();
+                            } else {
+                                store_staging90<OUT_BN, BOX>(&map_pre, tile, tm, tn, cw);
+                            }
                             bulk_wait_read();
                         }
                         act_warps_sync();
                     }
-                    gemm_epilogue_dispatch<activate_tile90<OUT_BN, T>>(p.act, tile, i);
+                    if (a.paired) swiglu_tile90<BN, T>(tile, i);
+                    else gemm_epilogue_dispatch<activate_tile90<OUT_BN, T>>(p.act, tile, i);
                     fence_proxy_async();
                     act_warps_sync();
                     if (i == 0) {
-                        store_staging90<OUT_BN, BOX>(&map_y, tile, tm, tn, cw);
+                        if (a.paired) {
+                            store_boxes90(&map_y, tile, 0, HB, col, row);
+                            bulk_commit();
+                        } else {
+                            store_staging90<OUT_BN, BOX>(&map_y, tile, tm, tn, cw);
+                        }
                         bulk_wait_read();
                     }
                     mbar_arrive(&stored[cw]);
@@ -276,7 +326,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
         const int cw = __reduce_max_sync(0xffffffffu, wg - 1), warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
         int s = 0, phase = 0, tile_count = 0;
-        const bool act_warps = !SWIGLU && a.act_warps;
+        const bool act_warps = LAYOUT == LAYOUT_NT && !SWIGLU && a.act_warps;
         for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
             int tm, tn;
             gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
@@ -376,8 +426,12 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
     const void *kernel = (const void *)gemm_sm90<BN, T, SWIGLU, LAYOUT>;
     fs_gemm90_args a;
     a.p = *p;
+    /* paired: a SwiGLU forward keeping its pre-activation (fs_gemm_sm90 sends it here with SWIGLU false), each tile
+     * BN / 2 columns of y */
+    a.paired = !SWIGLU && p->swiglu;
+    const int tile_cols = a.paired ? BN / 2 : OUT_BN;
     a.tiles_m = (p->M + BM - 1) / BM;
-    a.tiles_n = (p->N + OUT_BN - 1) / OUT_BN;
+    a.tiles_n = (p->N + tile_cols - 1) / tile_cols;
     const long long tiles = (long long)a.tiles_m * a.tiles_n;
     if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     a.tiles = (int)tiles;
@@ -386,20 +440,23 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
     const int grid = tiles < sm_count ? (int)tiles : sm_count;
     /* with one tile per CTA there is no next tile to overlap, and the consumers' eight warps finish sooner than three
      * (M = 256, N = 10240, GELU: 31.9 -> 29.6 us on an H100) */
-    a.act_warps = a.tma_store && !SWIGLU && tiles > grid &&
-                  (p->act == FS_ACT_GELU || p->act == FS_ACT_GELU_TANH || p->act == FS_ACT_SILU);
+    a.act_warps = LAYOUT == LAYOUT_NT && a.tma_store && !SWIGLU && tiles > grid &&
+                  (a.paired || p->act == FS_ACT_GELU || p->act == FS_ACT_GELU_TANH || p->act == FS_ACT_SILU);
     if (plan) {
-        *plan = fs_gemm_plan{BM, OUT_BN, BK, fs_gemm90_tile<BN, SWIGLU>::STAGES, THREADS, SMEM, grid, tiles};
+        *plan = fs_gemm_plan{BM, tile_cols, BK, fs_gemm90_tile<BN, SWIGLU>::STAGES, THREADS, SMEM, grid, tiles};
         return cudaSuccess;
     }
     /* a kept pre-activation: stored from the activation warps' staging tiles in this launch, otherwise in two steps
-     * (the product into it, then the activation pass), so that no other epilogue carries the code */
+     * (the products into it, then the activation pass), so that no other epilogue carries the code */
     if (p->pre && !a.act_warps) {
-        const fs_gemm_params q = fs_gemm_into_pre(p);
-        const cudaError_t err = launch<BN, T, SWIGLU, LAYOUT>(&q, device, sm_count, stream, NULL);
-        return err == cudaSuccess ? fs_activation_of_pre(p, device, stream) : err;
+        fs_gemm_params q[2];
+        const int n = fs_gemm_pre_products(p, q);
+        cudaError_t err = cudaSuccess;
+        for (int i = 0; i < n && err == cudaSuccess; i++) err = launch<BN, T, false, LAYOUT>(&q[i], device, sm_count, stream, NULL);
+        const fs_act_params pass = fs_gemm_pre_pass(p);
+        return err == cudaSuccess ? fs_activation_gpu(&pass, device, stream) : err;
     }
-    CUtensorMap mx, mw, mw2, my, mpre;
+    CUtensorMap mx, mw, mw2, my, mpre, mpre2;
     cudaError_t err = LAYOUT == LAYOUT_TN ? make_map(&mx, p->x, p->dtype, p->K, p->M, p->ldx, BK, 64)
                                           : make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM, BK);
     const int w_rows = LAYOUT == LAYOUT_NN && p->w2 ? p->K / 2 : p->K; /* W^T's rows per map: halves, or all */
@@ -407,18 +464,23 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
         err = LAYOUT != LAYOUT_NT ? make_map(&mw, p->w, p->dtype, w_rows, p->N, p->ldw, BK, 64)
                                   : make_map(&mw, p->w, p->dtype, p->N, p->K, p->ldw, BN / 2, BK);
     if (err == cudaSuccess)
-        err = SWIGLU ? make_map(&mw2, p->w2, p->dtype, p->N, p->K, p->ldw2, BN / 2, BK)
+        err = SWIGLU || a.paired ? make_map(&mw2, p->w2, p->dtype, p->N, p->K, p->ldw2, BN / 2, BK)
             : LAYOUT == LAYOUT_NN && p->w2 ? make_map(&mw2, p->w2, p->dtype, w_rows, p->N, p->ldw2, BK, 64)
                                            : (mw2 = mw, cudaSuccess);
     if (err == cudaSuccess)
         err = a.tma_store ? make_map(&my, p->y, p->dtype, p->M, p->N, p->ldy, 64, fs_gemm90_tile<BN, SWIGLU>::BOX) : (my = mx, cudaSuccess);
-    /* the kept pre-activation, stored by TMA from the staging tiles of the activation warps */
+    /* the kept pre-activation, stored by TMA from the staging tiles of the activation warps (paired: its halves g
+     * and u through a map each, so that neither runs into the other past N) */
     if (err == cudaSuccess)
         err = p->pre ? make_map(&mpre, p->pre, p->dtype, p->M, p->N, p->ldpre, 64, fs_gemm90_tile<BN, SWIGLU>::BOX)
                      : (mpre = mx, cudaSuccess);
+    if (err == cudaSuccess)
+        err = a.paired ? make_map(&mpre2, static_cast<char *>(p->pre) + (size_t)p->N * sizeof(T), p->dtype, p->M, p->N,
+                                  p->ldpre, 64, 64)
+                       : (mpre2 = mx, cudaSuccess);
     if (err == cudaSuccess) err = fs_kernel_prepare(kernel, &handle, SMEM, device);
     if (err != cudaSuccess) return err;
-    void *args[] = {&mx, &mw, &mw2, &my, &mpre, &a};
+    void *args[] = {&mx, &mw, &mw2, &my, &mpre, &mpre2, &a};
     return fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
 }
 
@@ -426,18 +488,20 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
  * the SMs times a tile's time, BN columns per K step of 64 plus a per-tile cost worth 512 such column-steps
  * (H100, K = 2560: a round of 128 x BN tiles took 0.0285 us per column-step and about 1.5 us more; each round
  * measured for every width at M = 256 ... 2048); ties go to the wider tile. tile_n, when nonzero, is taken
- * instead (tests and benchmarks; SwiGLU and the transposed products ignore 160). */
+ * instead (tests and benchmarks; SwiGLU and the transposed products ignore 160). A SwiGLU forward keeping its
+ * pre-activation (p->swiglu with SWIGLU false: paired tiles) takes 256 or 128, whose halves are whole TMA boxes. */
 template <typename T, bool SWIGLU, int LAYOUT = LAYOUT_NT>
 static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_count, int tile_n, cudaStream_t stream,
                                 fs_gemm_plan *plan)
 {
     static const int widths[4] = {256, 192, 160, 128};
     constexpr bool NO_160 = SWIGLU || LAYOUT != LAYOUT_NT; /* 160 is no whole number of 64-column panels */
+    const bool paired = !SWIGLU && p->swiglu;
     int best = 0;
     long long best_cost = 0;
     for (int i = 0; i < 4; i++) {
-        if (NO_160 && widths[i] == 160) continue;
-        const int out_bn = SWIGLU ? widths[i] / 2 : widths[i];
+        if ((NO_160 && widths[i] == 160) || (paired && widths[i] % 128)) continue;
+        const int out_bn = SWIGLU || paired ? widths[i] / 2 : widths[i];
         const long long tiles = (long long)((p->M + BM - 1) / BM) * ((p->N + out_bn - 1) / out_bn);
         const long long cost = (tiles + sm_count - 1) / sm_count * ((long long)widths[i] * ((p->K + BK - 1) / BK) + 512);
         if (i == 0 || cost < best_cost) {
@@ -446,7 +510,7 @@ static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_coun
         }
     }
     for (int i = 0; i < 4; i++)
-        if (tile_n == widths[i] && !(NO_160 && tile_n == 160)) best = i;
+        if (tile_n == widths[i] && !(NO_160 && tile_n == 160) && !(paired && tile_n % 128)) best = i;
     if (best == 2 && !NO_160) return launch<160, T, false, LAYOUT_NT>(p, device, sm_count, stream, plan);
     return best == 0 ? launch<256, T, SWIGLU, LAYOUT>(p, device, sm_count, stream, plan)
          : best == 1 ? launch<192, T, SWIGLU, LAYOUT>(p, device, sm_count, stream, plan)
@@ -477,9 +541,11 @@ extern "C" cudaError_t fs_gemm_sm90(const fs_gemm_params *p, int device, int sm_
     if ((p->trans_x && !p->trans_w) || (p->trans_w && p->w2 && (p->trans_x || p->K % 2))) return cudaErrorInvalidValue;
     if (p->trans_w) return p->dtype == FS_F16 ? launch_transposed<__half>(p, device, sm_count, tile_n, stream, plan)
                                               : launch_transposed<__nv_bfloat16>(p, device, sm_count, tile_n, stream, plan);
+    /* a SwiGLU forward keeping (g | u) runs the plain kernel on paired tiles (launch) */
+    const bool swiglu_kernel = p->swiglu && !p->pre;
     if (p->dtype == FS_F16)
-        return p->swiglu ? launch_tiles<__half, true>(p, device, sm_count, tile_n, stream, plan)
-                         : launch_tiles<__half, false>(p, device, sm_count, tile_n, stream, plan);
-    return p->swiglu ? launch_tiles<__nv_bfloat16, true>(p, device, sm_count, tile_n, stream, plan)
-                     : launch_tiles<__nv_bfloat16, false>(p, device, sm_count, tile_n, stream, plan);
+        return swiglu_kernel ? launch_tiles<__half, true>(p, device, sm_count, tile_n, stream, plan)
+                             : launch_tiles<__half, false>(p, device, sm_count, tile_n, stream, plan);
+    return swiglu_kernel ? launch_tiles<__nv_bfloat16, true>(p, device, sm_count, tile_n, stream, plan)
+                         : launch_tiles<__nv_bfloat16, false>(p, device, sm_count, tile_n, stream, plan);
 }
