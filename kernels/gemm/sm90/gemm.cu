@@ -17,6 +17,9 @@
  * past M and N (outputs in another dtype than x, or rows TMA cannot address, take masked direct stores).
  * SwiGLU: the W tile is BN/2 rows of Wg then the same rows of Wu (two TMA boxes), so accumulator i (gate) and
  * i + BN/4 (up) sit in the same thread.
+ * A forward keeping its pre-activation h for the backward (p.pre) stores it from the staging tile, before the
+ * activation, where the producer warpgroup's activation warps finish the tiles; a SwiGLU forward keeping (g | u)
+ * runs this plain kernel on paired tiles (the SwiGLU W tile: g's columns, then u's) and stores both halves.
  * Transposed operands (LAYOUT, the backward's products: 1 W^T given, dX = dH W; 2 X^T and W^T, dW = dH^T X): TMA
  * copies BK rows (k) x 64 columns (m or n) per box, 128-byte swizzled, the panels of a tile one after another, and
  * wgmma reads them MN-major (leading byte offset: the panel stride; stride byte offset: 8 rows of k).
