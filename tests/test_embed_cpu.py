@@ -146,6 +146,20 @@ def test_t5_mean_and_long_rules(t5_dir, esm_dir, tmp_path):
         main([esm_dir, fasta, "-o", str(tmp_path / "err"), "--long", "error", "--device", "cpu"])
 
 
+def test_esm_letter_table_matches_the_tokenizer(esm_dir):
+    """ESM2's tokenization by a byte table gives the HF tokenizer's ids on random cleaned sequences (every letter of
+    the alphabet, X for the rest) and refuses a vocabulary without a letter of the alphabet."""
+    import random
+    from flashsci.embed.fasta import RESIDUES
+    from flashsci.embed.models import letter_table_tokenizer
+    tok = transformers.AutoTokenizer.from_pretrained(esm_dir)
+    tokenize = letter_table_tokenizer(tok, frozenset(RESIDUES))
+    rng = random.Random(5)
+    seqs = ["".join(rng.choice(sorted(RESIDUES)) for _ in range(rng.randint(1, 300))) for _ in range(50)]
+    assert [t.tolist() for t in tokenize(seqs)] == tok(seqs, add_special_tokens=True)["input_ids"]
+    assert letter_table_tokenizer(tok, frozenset(RESIDUES | {"J"})) is None
+
+
 def test_deal_is_deterministic_and_balanced():
     sizes = [50, 10, 40, 40, 30, 20, 5, 5]
     ranks = plan.deal(sizes, 3)

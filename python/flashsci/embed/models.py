@@ -94,7 +94,7 @@ def load_esmc(name_or_dir, device, dtype, patched):
 
 def load(name_or_dir, device, dtype, revision=None, patched=True):
     """(model on device in dtype, eval, patched (or stock with sdpa attention); tokenize(list of str) -> list of id
-    lists; Family; the model's revision or None)."""
+    lists or arrays; Family; the model's revision or None)."""
     if is_esmc(name_or_dir):
         return (*load_esmc(name_or_dir, device, dtype, patched), None)
     import torch
@@ -123,4 +123,27 @@ def load(name_or_dir, device, dtype, revision=None, patched=True):
     def tokenize(seqs):
         return tok([prep(s) for s in seqs], add_special_tokens=True)["input_ids"]
 
+    if cfg.model_type == "esm":
+        tokenize = letter_table_tokenizer(tok, fam.alphabet) or tokenize
     return model, tokenize, fam, getattr(cfg, "_commit_hash", None)
+
+
+def letter_table_tokenizer(tok, alphabet):
+    """tokenize(list of str) for a vocabulary of one token per letter (ESM2's): <cls>, each letter's id through a
+    byte table, <eos> — the ids tok gives for sequences of alphabet letters (cleaned sequences have no others), at
+    NumPy speed (ESM2's tokenizer is transformers' Python one: about 5 ms a protein). None when tok disagrees with
+    the table on the alphabet, or a letter is no token of its own."""
+    import numpy as np
+    letters = "".join(sorted(alphabet))
+    ids = [tok.convert_tokens_to_ids(c) for c in letters]
+    if tok.cls_token_id is None or tok.eos_token_id is None or tok.unk_token_id in ids:
+        return None
+    table = np.zeros(256, dtype=np.int64)
+    table[np.frombuffer(letters.encode(), dtype=np.uint8)] = ids
+    head, tail = np.array([tok.cls_token_id]), np.array([tok.eos_token_id])
+
+    def tokenize(seqs):
+        return [np.concatenate([head, table[np.frombuffer(s.encode(), dtype=np.uint8)], tail]) for s in seqs]
+
+    probe = letters + letters[::-1]
+    return tokenize if tok([probe], add_special_tokens=True)["input_ids"][0] == tokenize([probe])[0].tolist() else None

@@ -1,0 +1,58 @@
+"""The 2.7B LM's attention at short contexts, kernel by kernel: one causal forward + backward (4, S, 32, 80, bshd,
+rotary in the kernel, bf16) through flashsci's torch op and through SDPA (rotary applied by torch beforehand, as the
+LM's stock model does) under torch.profiler, every kernel in launch order with its time, S = 512 and 1024; then whole
+calls by CUDA events (median of 30).
+    python benchmarks/experiments/short_seq_backward_profile.py [S ...]"""
+import sys
+
+import torch
+
+import flashsci
+import flashsci.torch_ops
+from flashsci.profile.trace import capture
+
+B, H, D = 4, 32, 80
+
+
+def rotate(x, cos, sin):
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def timed(fn, n=30):
+    ts = []
+    for _ in range(n + 3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); fn(); b.record(); torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    return sorted(ts[3:])[n // 2]
+
+
+print(torch.cuda.get_device_name())
+for S in [int(s) for s in sys.argv[1:]] or [512, 1024]:
+    q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
+    ang = torch.arange(S, device="cuda")[:, None] * 10000.0 ** (-torch.arange(0, D, 2, device="cuda") / D)
+    cos, sin = (f(ang)[None, :, None, :].to(torch.bfloat16) for f in (torch.cos, torch.sin))
+
+    def ours():
+        o = flashsci.torch_ops.attention(q, k, v, causal=True, layout="bshd", rotary_base=10000.0)
+        o.backward(dout)
+
+    def sdpa():
+        qr, kr = rotate(q, cos, sin), rotate(k, cos, sin)
+        o = torch.nn.functional.scaled_dot_product_attention(qr.transpose(1, 2), kr.transpose(1, 2), v.transpose(1, 2),
+                                                             is_causal=True)
+        o.transpose(1, 2).backward(dout)
+
+    for name, fn in (("flashsci", ours), ("sdpa", sdpa)):
+        fn()
+        _, t = capture(fn)
+        print(f"S = {S} {name}: kernels of one forward + backward")
+        tot = 0.0
+        for e in t.kernels:
+            tot += e["us"]
+            print(f"   {e['us']:8.1f} us  {e['name'][:110]}")
+        print(f"   {tot:8.1f} us  total")
+    for turn in range(2):
+        print(f"S = {S}: flashsci {timed(ours):.3f} ms, sdpa {timed(sdpa):.3f} ms (whole forward + backward)")
