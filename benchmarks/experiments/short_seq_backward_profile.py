@@ -9,6 +9,7 @@ import torch
 
 import flashsci
 import flashsci.torch_ops
+from flashsci.bench.timing import median_event_time_us
 from flashsci.profile.trace import capture
 
 B, H, D = 4, 32, 80
@@ -17,15 +18,6 @@ B, H, D = 4, 32, 80
 def rotate(x, cos, sin):
     x1, x2 = x[..., : D // 2], x[..., D // 2:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
-
-
-def timed(fn, n=30):
-    ts = []
-    for _ in range(n + 3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts[3:])[n // 2]
 
 
 print(torch.cuda.get_device_name())
@@ -55,4 +47,5 @@ for S in [int(s) for s in sys.argv[1:]] or [512, 1024]:
             print(f"   {e['us']:8.1f} us  {e['name'][:110]}")
         print(f"   {tot:8.1f} us  total")
     for turn in range(2):
-        print(f"S = {S}: flashsci {timed(ours):.3f} ms, sdpa {timed(sdpa):.3f} ms (whole forward + backward)")
+        t_ours, t_sdpa = (median_event_time_us(torch, fn, 1, iters=30) / 1e3 for fn in (ours, sdpa))
+        print(f"S = {S}: flashsci {t_ours:.3f} ms, sdpa {t_sdpa:.3f} ms (whole forward + backward)")
