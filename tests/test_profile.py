@@ -3,7 +3,7 @@ reader on a Chrome trace with host ranges, launches, kernels, a memcpy and dtype
 import pytest
 
 from flashsci.profile.categories import CATEGORIES, category
-from flashsci.profile.report import category_table, summary
+from flashsci.profile.report import category_table, launch_listing, summary
 from flashsci.profile.trace import parse
 
 NAMES = [   # (kernel name as torch.profiler records it, category)
@@ -80,6 +80,9 @@ def test_trace_reader_and_summary():
         "nvjet_tst_64x8_64x16_4x1_v_bz_TNT", 1, pytest.approx(0.05))
     table = category_table([("run", everything)])
     assert len(table) == 3 and table[0].count("|") == len(CATEGORIES) + 5
+    lines = launch_listing(t, 12)
+    assert len(lines) == len(t.kernels) + 1 and lines[-1].split()[:2] == ["86.0", "us"]
+    assert all(len(line.split("us  ", 1)[1]) <= 12 for line in lines[:-1])
 
 
 def test_recorded_protein_model_kernels():

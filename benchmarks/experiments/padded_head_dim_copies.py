@@ -8,6 +8,7 @@ import sys
 import torch
 import flashsci
 import flashsci.torch_ops
+from flashsci.profile.report import launch_listing
 from flashsci.profile.trace import capture
 
 S = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
@@ -37,11 +38,7 @@ for D in (72, 80, 112, 128):
     fwd_bwd(q, k, v)
     _, t = capture(lambda: fwd_bwd(q, k, v))
     print(f"D = {D}: kernels of one forward + backward")
-    tot = 0.0
-    for e in t.kernels:
-        tot += e["us"]
-        print(f"   {e['us']:8.1f} us  {e['name'][:100]}")
-    print(f"   {tot:8.1f} us  total")
+    print("\n".join(launch_listing(t, 100)))
     print(f"D = {D}: forward+backward {timed(lambda: fwd_bwd(q, k, v)):.3f} ms")
 for D in (80, 112):
     q, k, v = inputs(D)

@@ -10,6 +10,7 @@ import torch
 import flashsci
 import flashsci.torch_ops
 from flashsci.bench.timing import median_event_time_us
+from flashsci.profile.report import launch_listing
 from flashsci.profile.trace import capture
 
 B, H, D = 4, 32, 80
@@ -41,11 +42,7 @@ for S in [int(s) for s in sys.argv[1:]] or [512, 1024]:
         fn()
         _, t = capture(fn)
         print(f"S = {S} {name}: kernels of one forward + backward")
-        tot = 0.0
-        for e in t.kernels:
-            tot += e["us"]
-            print(f"   {e['us']:8.1f} us  {e['name'][:110]}")
-        print(f"   {tot:8.1f} us  total")
+        print("\n".join(launch_listing(t, 110)))
     for turn in range(2):
         t_ours, t_sdpa = (median_event_time_us(torch, fn, 1, iters=30) / 1e3 for fn in (ours, sdpa))
         print(f"S = {S}: flashsci {t_ours:.3f} ms, sdpa {t_sdpa:.3f} ms (whole forward + backward)")

@@ -28,6 +28,12 @@ def summary(trace, label=None, batches=1, top=8):
             "conversions": len(conversions)}
 
 
+def launch_listing(trace, width=100):
+    """Text lines: every kernel of trace in launch order with its time, then their total (for experiments)."""
+    lines = [f"   {k['us']:8.1f} us  {k['name'][:width]}" for k in trace.kernels]
+    return lines + [f"   {sum(k['us'] for k in trace.kernels):8.1f} us  total"]
+
+
 def short(name, width=70):
     """A kernel name cut to its function and template head, for tables."""
     name = name.replace("void ", "").replace("|", "/")
