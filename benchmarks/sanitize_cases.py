@@ -117,7 +117,8 @@ for width in (128, 160, 192, 256):  # every Hopper tile width: staging + TMA, ac
     torch.cuda.synchronize()
 for kernel in ("auto", "sm80", "sm90:128", "sm90:192"):  # the backward: transposed products, halves, elementwise passes
     flashsci._flashsci._set_gemm_kernel(kernel)
-    for m, k_, n in [(300, 200, 264), (5, 64, 24), (2000, 136, 392)]:
+    # (9000, 1280, 1000): several rounds of tiles in every product
+    for m, k_, n in [(300, 200, 264), (5, 64, 24), (2000, 136, 392), (9000, 1280, 1000)]:
         x = torch.randn(m, k_ + 8, device=dev, dtype=torch.bfloat16)[:, :k_]
         w, h = torch.randn(n, k_, device=dev, dtype=torch.bfloat16), torch.empty(m, n, device=dev, dtype=torch.bfloat16)
         y = flashsci.linear(x, w, torch.randn(n, device=dev), activation="gelu", preactivation=h)

@@ -16,8 +16,10 @@ pytestmark = pytest.mark.gpu
 F = torch.nn.functional
 ops = torch.ops.flashsci
 
-# (M, K, N): ESM2-3B FFN (trimmed in M), ESM2-650M, ESM-C-600M SwiGLU, tails in every dimension
-SHAPES = [(1024, 2560, 10240), (2048, 10240, 2560), (777, 1280, 5120), (100, 200, 136), (3, 64, 8), (130, 72, 264)]
+# (M, K, N): ESM2-3B FFN (trimmed in M), ESM2-650M, ESM-C-600M SwiGLU, tails in every dimension; (9000, 1280, 1000):
+# several rounds of tiles in every product, with a tail of rows and of output columns
+SHAPES = [(1024, 2560, 10240), (2048, 10240, 2560), (777, 1280, 5120), (100, 200, 136), (3, 64, 8), (130, 72, 264),
+          (9000, 1280, 1000)]
 
 
 def grads(fn, inputs, dy):

@@ -20,6 +20,23 @@ FS_DEV void gemm_tile_coords(int t, int tiles_m, int tiles_n, int *tm, int *tn)
     *tn = r / rows;
 }
 
+/* erfc(|v| / sqrt2) / 2 by the polynomial of gemm_activate's gelu (Phi(v) is 1 minus it for v >= 0, it otherwise). */
+FS_DEV float gelu_half_erfc(float v)
+{
+    const float z = fabsf(v);
+    float t = fmaf(5.38297490e-06f, z, 4.88906371e-05f);
+    t = fmaf(t, z, 3.80035744e-05f);
+    t = fmaf(t, z, 3.27762635e-03f);
+    t = fmaf(t, z, 2.11410057e-02f);
+    t = fmaf(t, z, 4.98673469e-02f);
+    float q = fmaf(t, z, 1.f);
+    q *= q;
+    q *= q;
+    q *= q;
+    q *= q;
+    return 0.5f * rcp_approx(q);
+}
+
 /* The activation in fp32, as torch defines it (gelu: erf form; gelu_tanh: the tanh approximation), in few
  * instructions: an epilogue pays them per output value while the tensor cores wait (erff alone is ~27).
  *   gelu:      v Phi(v), Phi from erfc(z) = (1 + a1 z + ... + a6 z^6)^-16 at z = |v| / sqrt2 (Abramowitz & Stegun
@@ -36,18 +53,7 @@ template <fs_activation ACT> FS_DEV float gemm_activate(float v)
     switch (ACT) {
     case FS_ACT_RELU: return v < 0.f ? 0.f : v; /* NaN stays NaN, as torch.relu (fmaxf would give 0) */
     case FS_ACT_GELU: {
-        const float z = fabsf(v);
-        float t = fmaf(5.38297490e-06f, z, 4.88906371e-05f);
-        t = fmaf(t, z, 3.80035744e-05f);
-        t = fmaf(t, z, 3.27762635e-03f);
-        t = fmaf(t, z, 2.11410057e-02f);
-        t = fmaf(t, z, 4.98673469e-02f);
-        float q = fmaf(t, z, 1.f);
-        q *= q;
-        q *= q;
-        q *= q;
-        q *= q;
-        const float half_erfc_v = 0.5f * v * rcp_approx(q);
+        const float half_erfc_v = v * gelu_half_erfc(v);
         return v >= 0.f ? v - half_erfc_v : half_erfc_v;
     }
     case FS_ACT_GELU_TANH: return v * rcp_approx(1.f + exp2_approx(v * fmaf(0.044715f * TANH_K, v * v, TANH_K)));
