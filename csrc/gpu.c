@@ -248,9 +248,9 @@ static int gemm_launch(const fs_gemm_params *p, int device, uintptr_t stream, co
     fs_gpu_device_leave(prev, device);
     if (err != cudaSuccess) return cuda_fail(err, plan ? "linear launch plan" : "linear kernel launch");
     if (plan) {
-        *plan = Py_BuildValue("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:i}", "kernel", hopper ? "sm90" : "sm80", "BM", pl.bm,
+        *plan = Py_BuildValue("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:i,s:i}", "kernel", hopper ? "sm90" : "sm80", "BM", pl.bm,
                               "BN", pl.bn, "BK", pl.bk, "stages", pl.stages, "threads", pl.threads, "smem", pl.smem,
-                              "tiles", pl.tiles, "grid", pl.grid, "sm_count", props.sm_count);
+                              "tiles", pl.tiles, "grid", pl.grid, "sm_count", props.sm_count, "split", pl.split);
         if (!*plan) return -1;
     }
     return 0;

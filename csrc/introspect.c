@@ -47,17 +47,24 @@ PyObject *fs_hook_launch_plan(PyObject *module, PyObject *args, PyObject *kwargs
     return fs_gpu_attention_plan(&p, device, &fs_get_state(module)->choice);
 }
 
-/* _gemm_plan(M, N, K, swiglu=False, device=0): how the CUDA linear kernel would be launched (fp16). */
+/* _gemm_plan(M, N, K, swiglu=False, transposed=0, device=0): how the CUDA GEMM would be launched (fp16): the forward
+ * product, or with transposed 1 or 2 the backward's dX = dH W (W^T given) or dW = dH^T X (both given transposed). */
 PyObject *fs_hook_gemm_plan(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"M", "N", "K", "swiglu", "device", NULL};
+    static char *kwlist[] = {"M", "N", "K", "swiglu", "transposed", "device", NULL};
     fs_gemm_params p;
-    int device = 0;
+    int device = 0, transposed = 0;
     memset(&p, 0, sizeof p);
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iii|pi:_gemm_plan", kwlist, &p.M, &p.N, &p.K, &p.swiglu, &device))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iii|pii:_gemm_plan", kwlist, &p.M, &p.N, &p.K, &p.swiglu, &transposed,
+                                     &device))
         return NULL;
     if (p.M < 1 || p.N < 8 || p.K < 8 || p.N % 8 || p.K % 8)
         return PyErr_Format(PyExc_ValueError, "_gemm_plan: M >= 1, N and K positive multiples of 8");
+    if (transposed < 0 || transposed > 2 || (transposed && p.swiglu))
+        return PyErr_Format(PyExc_ValueError, "_gemm_plan: transposed is 0 (x W^T), 1 (W^T given) or 2 (x^T and W^T "
+                            "given), without swiglu");
+    p.trans_w = transposed >= 1;
+    p.trans_x = transposed == 2;
     p.dtype = p.out_dtype = FS_F16;
     p.ldx = p.ldw = p.ldw2 = p.K;
     p.ldy = p.N;

@@ -59,6 +59,35 @@ def test_linear_grads(mkn, dtype, act, gemm_kernel):
     assert_within(ours, theirs, ref, ("dx", "dw", "db"))
 
 
+@pytest.mark.parametrize("width", [128, 192, 256])
+def test_split_last_round_hopper_widths(width):
+    """The backward's products at every transposed Hopper tile width, on shapes whose last round of tiles is split
+    along K (the plan says so) or not: gradients within 2x torch's error, SwiGLU's halves included."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper GEMM runs on sm_90 devices only")
+    flashsci._flashsci._set_gemm_kernel(f"sm90:{width}")
+    try:
+        splits = set()
+        for m, k, n in [(4000, 1280, 1000), (9000, 520, 2056), (712, 264, 136)]:
+            splits.add(flashsci._flashsci._gemm_plan(n, k, m, transposed=2)["split"] > 1)   # dW = dh^T x
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            w = (torch.randn(n, k, device="cuda") / math.sqrt(k)).to(torch.bfloat16)
+            b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+            dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+            ref = grads(lambda x, w, b: F.gelu(F.linear(x, w, b)), (x.double(), w.double(), b.double()), dy.double())
+            theirs = grads(lambda x, w, b: F.gelu(F.linear(x, w, b)), (x, w, b), dy)
+            ours = grads(lambda x, w, b: ops.linear(x, w, b, "gelu"), (x, w, b), dy)
+            assert_within(ours, theirs, ref, ("dx", "dw", "db"))
+            wu = (torch.randn(n, k, device="cuda") / math.sqrt(k)).to(torch.bfloat16)
+            ref = grads(lambda x, w, u: F.silu(F.linear(x, w)) * F.linear(x, u), (x.double(), w.double(), wu.double()), dy.double())
+            theirs = grads(lambda x, w, u: F.silu(F.linear(x, w)) * F.linear(x, u), (x, w, wu), dy)
+            ours = grads(lambda x, w, u: ops.swiglu(x, w, u), (x, w, wu), dy)
+            assert_within(ours, theirs, ref, ("dx", "dw_gate", "dw_up"))
+        assert True in splits   # at least one of the shapes split its dW product's last round at this width
+    finally:
+        flashsci._flashsci._set_gemm_kernel("auto")
+
+
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("mkn", [(2048, 1152, 3072), (16384, 64, 328), (300, 136, 200), (5, 64, 24)], ids=str)

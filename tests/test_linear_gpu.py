@@ -145,6 +145,12 @@ def test_dispatch_plan():
         mid = flashsci._flashsci._gemm_plan(256, 10240, 2560)   # 160-wide tiles: 128 in one round (192: 108)
         assert mid["BN"] == 160 and mid["tiles"] == 128
         assert flashsci._flashsci._gemm_plan(256, 10240, 2560, swiglu=True)["BN"] != 80   # SwiGLU: no 160-wide tile
+        # the backward's dW = dh^T x at ESM2-3B fc1 (10240 x 2560 from 16k tokens): the last round's few tiles are
+        # split along K so that every SM takes a chunk; the forward product is never split
+        dw = flashsci._flashsci._gemm_plan(10240, 2560, 16384, transposed=2)
+        tail = dw["tiles"] % dw["sm_count"]
+        assert dw["split"] > 1 and tail * dw["split"] <= dw["sm_count"] and dw["grid"] == dw["sm_count"]
+        assert plan["split"] == 1 and flashsci._flashsci._gemm_plan(10240, 2560, 16384)["split"] == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -10,10 +10,12 @@
 extern "C" {
 #endif
 
-/* How a GEMM is launched: output tile, K step, ring stages, grid (persistent kernels: min(tiles, SMs)). */
+/* How a GEMM is launched: output tile, K step, ring stages, grid (persistent kernels: min(work items, SMs)), and the
+ * K chunks each tile of a last, partial round is split into (1: none). */
 typedef struct {
     int bm, bn, bk, stages, threads, smem, grid;
     long long tiles;
+    int split;
 } fs_gemm_plan;
 
 /* Launch the portable tensor-core GEMM (sm_80+, mma.sync, fp16/bf16, N and K multiples of 8) on stream; the

@@ -184,7 +184,7 @@ static cudaError_t launch(const fs_gemm_params *p, int device, cudaStream_t stre
     const long long tiles = (long long)tiles_m * tiles_n;
     if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     if (plan) {
-        *plan = fs_gemm_plan{BM, out_bn, BK, STAGES, THREADS, SMEM_BYTES, (int)tiles, tiles};
+        *plan = fs_gemm_plan{BM, out_bn, BK, STAGES, THREADS, SMEM_BYTES, (int)tiles, tiles, 1};
         return cudaSuccess;
     }
     cudaError_t err = fs_kernel_prepare(kernel, &handle, SMEM_BYTES, device);

@@ -36,6 +36,7 @@
 #include "gemm/epilogue.cuh"
 #include "common/launch.cuh"
 #include "common/tma.cuh"
+#include "common/workspace.h"
 
 /* ---- tile configuration, one place ---- */
 #define BM 128
@@ -45,12 +46,12 @@
 /* Per tile width BN: the output staging tiles (64 x OUT_BN per consumer warpgroup, stored by TMA in boxes of BOX
  * columns: 64 with the 128-byte swizzle, or 32 with the 64-byte one where OUT_BN is no multiple of 64), the
  * bias (two buffers of OUT_BN values as copied, of up to 4 bytes, and one of floats per consumer warpgroup), its and the
- * staging tiles' barriers and alignment slack, then as many
+ * staging tiles' barriers, the split tiles' flags and alignment slack, then as many
  * ring stages (X and W tiles, full and empty barriers) as fit, at most 6: BN = 256 takes 3, 192 takes 4, 160 5,
  * 128 5 (SwiGLU 3, 4, -, 6). */
 template <int BN, bool SWIGLU> struct fs_gemm90_tile {
     enum { OUT_BN = SWIGLU ? BN / 2 : BN, BOX = OUT_BN % 64 == 0 ? 64 : 32,
-           FIXED = 2 * 64 * OUT_BN * 2 + 4 * OUT_BN * 4 + 6 * 8 + 1024,
+           FIXED = 2 * 64 * OUT_BN * 2 + 4 * OUT_BN * 4 + 7 * 8 + 1024,
            STAGE_BYTES = (BM + BN) * BK * 2 + 16,
            STAGES = (SMEM_MAX - FIXED) / STAGE_BYTES < 6 ? (SMEM_MAX - FIXED) / STAGE_BYTES : 6,
            SMEM = STAGES * STAGE_BYTES + FIXED };
@@ -64,6 +65,13 @@ typedef struct {
     int act_warps; /* with tma_store: the producer warpgroup's warps 1-3 apply the activation in the staging tiles */
     int paired;    /* a SwiGLU forward keeping (g | u) in pre: a plain kernel's tile holds BN / 2 columns of g, then
                     * the same columns of u, both stored to pre before the activation warps form silu(g) u */
+    /* The backward's products (transposed layouts) split the tiles of a last, partial round along K: work items
+     * 0 .. main_tiles - 1 are whole tiles, the rest split chunks of each remaining tile; each chunk's partial sums go to
+     * partials ([tail tile][chunk][consumer warpgroup][NA][128] floats), and the warpgroup whose chunk is counted last
+     * on arrivals ([tail tile][consumer warpgroup], left at zero) sums them in chunk order and stores the tile. */
+    int items, main_tiles, split;
+    float *partials;
+    unsigned *arrivals;
 } fs_gemm90_args;
 
 #ifdef FS_WGMMA
@@ -193,6 +201,53 @@ FS_DEV void store_boxes90(const CUtensorMap *map, const unsigned char *tile, int
 }
 #endif
 
+/* Work item it of a: its output tile and its K steps [*kb, *ke) of nk; *chunk: its chunk of a split tile, or -1. */
+FS_DEV void gemm_item90(const fs_gemm90_args &a, int it, int nk, int *tile, int *kb, int *ke, int *chunk)
+{
+    if (it < a.main_tiles) {
+        *tile = it;
+        *kb = 0;
+        *ke = nk;
+        *chunk = -1;
+        return;
+    }
+    const int u = it - a.main_tiles, c = u % a.split;
+    *tile = a.main_tiles + u / a.split;
+    *chunk = c;
+    *kb = (int)((long long)nk * c / a.split);
+    *ke = (int)((long long)nk * (c + 1) / a.split);
+}
+
+#ifdef FS_WGMMA
+/* A split tile's chunk by consumer warpgroup cw: its partial sums out (thread-major, so a warp's stores are
+ * contiguous), counted on the tile's arrivals; false for every chunk but the one counted last, whose warpgroup reads
+ * all the chunks' sums back in chunk order into acc (the same result whichever chunk came last), leaves the count at
+ * zero and returns true: it goes on to the epilogue. flag: a word of shared memory for the warpgroup. */
+template <int NA> FS_DEV bool split_chunk90(const fs_gemm90_args &a, float (&acc)[NA], int tile, int chunk, int cw, int *flag)
+{
+    const int tid = threadIdx.x & 127, tail = tile - a.main_tiles;
+    float *mine = a.partials + (((size_t)tail * a.split + chunk) * 2 + cw) * 128 * NA;
+#pragma unroll
+    for (int i = 0; i < NA; i++) mine[i * 128 + tid] = acc[i];
+    __threadfence(); /* the sums visible before the count */
+    warpgroup_sync(cw);
+    unsigned *count = a.arrivals + tail * 2 + cw;
+    if (tid == 0) *flag = atomicAdd(count, 1u) == (unsigned)a.split - 1;
+    warpgroup_sync(cw);
+    if (!*flag) return false;
+    __threadfence(); /* every chunk's sums, counted before this one, are visible */
+#pragma unroll
+    for (int i = 0; i < NA; i++) acc[i] = 0.f;
+    for (int c = 0; c < a.split; c++) {
+        const float *part = a.partials + (((size_t)tail * a.split + c) * 2 + cw) * 128 * NA;
+#pragma unroll
+        for (int i = 0; i < NA; i++) acc[i] += __ldcg(part + i * 128 + tid); /* past L1: written by other SMs */
+    }
+    if (tid == 0) *count = 0;
+    return true;
+}
+#endif
+
 /* Operand layouts: X W^T as nn.Linear stores them; W^T given (X W); X^T and W^T given (X^T W). */
 enum { LAYOUT_NT = 0, LAYOUT_NN = 1, LAYOUT_TN = 2 };
 
@@ -218,6 +273,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
     /* with act_warps, per consumer warpgroup: its staging tile written (each of its threads arrives) / stored (each
      * activation thread arrives, the one issuing the TMA store once the store has read the tile) */
     uint64_t *staged = bias_empty + 2, *stored = staged + 2;
+    int *split_flag = reinterpret_cast<int *>(stored + 2); /* [consumer warpgroup] */
     const fs_gemm_params &p = a.p;
     /* W^T in two halves (w2 with W^T given: the SwiGLU backward's dX = dG Wg + dU Wu): each half its own K steps, the
      * first half's last step reading zeros from w past its rows whatever X holds there */
@@ -246,8 +302,9 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             tma_prefetch_map(&map_y);
             int s = 0, phase = 0, i = 0;
             const int bias_size = p.bias_dtype == FS_F32 ? 4 : 2;
-            for (int t = blockIdx.x; t < a.tiles; t += gridDim.x, i++) {
-                int tm, tn;
+            for (int it = blockIdx.x; it < a.items; it += gridDim.x, i++) {
+                int t, kb, ke, chunk, tm, tn;
+                gemm_item90(a, it, nk, &t, &kb, &ke, &chunk);
                 gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
                 /* the W tile in two boxes of BN / 2 rows (SwiGLU, paired: the gate rows, then the same rows of the
                  * up weight) */
@@ -256,7 +313,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
                 const int wrow0 = pairs ? tn * (BN / 2) : tn * BN, wrow1 = pairs ? wrow0 : wrow0 + BN / 2;
                 /* the tile's bias columns that exist (N is a multiple of 8: whole 16-byte chunks) */
                 const uint32_t bias_bytes = !SWIGLU && p.bias ? min(OUT_BN, p.N - tn * OUT_BN) * bias_size : 0;
-                for (int kt = 0; kt < nk; kt++) {
+                for (int kt = kb; kt < ke; kt++) {
                     mbar_wait(&empty[s], phase ^ 1);
                     if (kt == 0 && bias_bytes) mbar_wait(&bias_empty[i & 1], ((i >> 1) & 1) ^ 1);
                     mbar_expect_tx(&full[s], (BM + BN) * BK * 2 + (kt == 0 ? bias_bytes : 0));
@@ -330,8 +387,9 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
         const int cw = __reduce_max_sync(0xffffffffu, wg - 1), warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
         int s = 0, phase = 0, tile_count = 0;
         const bool act_warps = LAYOUT == LAYOUT_NT && !SWIGLU && a.act_warps;
-        for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
-            int tm, tn;
+        for (int it = blockIdx.x; it < a.items; it += gridDim.x) {
+            int t, kb, ke, chunk, tm, tn;
+            gemm_item90(a, it, nk, &t, &kb, &ke, &chunk);
             gemm_tile_coords(t, a.tiles_m, a.tiles_n, &tm, &tn);
             const int row0 = tm * BM + cw * 64 + warp * 16 + g, col0 = tn * OUT_BN + 2 * t4;
             /* this tile's bias lands with its first K step (the full barrier waited on below); widened after the
@@ -348,7 +406,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
 #pragma unroll
             for (int i = 0; i < NA; i++) acc[i] = 0.f;
             int prev = -1;
-            for (int kt = 0; kt < nk; kt++) {
+            for (int kt = kb; kt < ke; kt++) {
                 mbar_wait(&full[s], phase);
                 /* K-major: this warpgroup's 64 rows of 128 bytes, k16 step kk 32 bytes on; MN-major: its 64-column panel
                  * (A) or the tile's panels (B), k16 step kk 16 rows on */
@@ -376,6 +434,7 @@ gemm_sm90(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUt
             const bool leader = (threadIdx.x & 127) == 0;
             if (!act_warps && a.tma_store && leader) bulk_wait_read(); /* the staging tile's previous store has read it */
             warpgroup_sync(cw); /* the float bias written; unconditional, as above */
+            if (LAYOUT != LAYOUT_NT && chunk >= 0 && !split_chunk90(a, acc, t, chunk, cw, split_flag + cw)) continue;
             if (act_warps) {
                 /* the staging tile once the activation warps have stored the previous one; x W^T + bias into it, for
                  * them to finish and store */
@@ -420,6 +479,18 @@ static cudaError_t make_map(CUtensorMap *map, const void *base, fs_dtype dt, int
     return fs_make_tensor_map(map, base, dt == FS_BF16, 2, dims, strides, box);
 }
 
+/* K chunks for each tile of a last, partial round of tiles over the SMs (1: no split): as many as give every SM one
+ * work item, each chunk at least 4 K steps, at most 16. */
+static int tail_split(long long tiles, int sm_count, int nk)
+{
+    const long long tail = tiles % sm_count;
+    if (tail == 0) return 1;
+    long long split = sm_count / tail;
+    if (split > 16) split = 16;
+    if (split > nk / 4) split = nk / 4;
+    return split >= 2 ? (int)split : 1;
+}
+
 template <int BN, typename T, bool SWIGLU, int LAYOUT>
 static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cudaStream_t stream, fs_gemm_plan *plan)
 {
@@ -428,6 +499,7 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
     static fs_kernel handle;
     const void *kernel = (const void *)gemm_sm90<BN, T, SWIGLU, LAYOUT>;
     fs_gemm90_args a;
+    memset(&a, 0, sizeof a);
     a.p = *p;
     /* paired: a SwiGLU forward keeping its pre-activation (fs_gemm_sm90 sends it here with SWIGLU false), each tile
      * BN / 2 columns of y */
@@ -439,14 +511,20 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
     if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     a.tiles = (int)tiles;
     a.tma_store = p->out_dtype == p->dtype && (uintptr_t)p->y % 16 == 0 && p->ldy % 8 == 0;
-    /* ReLU costs one instruction per value: the consumers apply it; the others move to the producer warpgroup */
-    const int grid = tiles < sm_count ? (int)tiles : sm_count;
+    /* the backward's products: the last round's tiles split along K (fs_gemm90_args) */
+    const int nk = LAYOUT == LAYOUT_NN && p->w2 ? 2 * ((p->K / 2 + BK - 1) / BK) : (p->K + BK - 1) / BK;
+    a.split = LAYOUT == LAYOUT_NT ? 1 : tail_split(tiles, sm_count, nk);
+    a.main_tiles = a.split > 1 ? (int)(tiles - tiles % sm_count) : a.tiles;
+    const long long items = a.main_tiles + (tiles - a.main_tiles) * a.split;
+    if (items > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    a.items = (int)items;
+    const int grid = items < sm_count ? (int)items : sm_count;
     /* with one tile per CTA there is no next tile to overlap, and the consumers' eight warps finish sooner than three
      * (M = 256, N = 10240, GELU: 31.9 -> 29.6 us on an H100) */
     a.act_warps = LAYOUT == LAYOUT_NT && a.tma_store && !SWIGLU && tiles > grid &&
                   (a.paired || p->act == FS_ACT_GELU || p->act == FS_ACT_GELU_TANH || p->act == FS_ACT_SILU);
     if (plan) {
-        *plan = fs_gemm_plan{BM, tile_cols, BK, fs_gemm90_tile<BN, SWIGLU>::STAGES, THREADS, SMEM, grid, tiles};
+        *plan = fs_gemm_plan{BM, tile_cols, BK, fs_gemm90_tile<BN, SWIGLU>::STAGES, THREADS, SMEM, grid, tiles, a.split};
         return cudaSuccess;
     }
     /* a kept pre-activation: stored from the activation warps' staging tiles in this launch, otherwise in two steps
@@ -483,14 +561,30 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
                        : (mpre2 = mx, cudaSuccess);
     if (err == cudaSuccess) err = fs_kernel_prepare(kernel, &handle, SMEM, device);
     if (err != cudaSuccess) return err;
+    /* split tiles: their chunks' partial sums past the workspace's counters, their arrival counts among them */
+    void *ws = NULL;
+    if (a.split > 1) {
+        const long long tail = tiles - a.main_tiles;
+        if ((err = fs_workspace_get(device, stream, FS_COUNTER_BYTES + (size_t)tail * a.split * BM * BN * 4, &ws)) != cudaSuccess)
+            return err;
+        a.arrivals = static_cast<unsigned *>(ws);
+        a.partials = reinterpret_cast<float *>(static_cast<unsigned char *>(ws) + FS_COUNTER_BYTES);
+    }
     void *args[] = {&mx, &mw, &mw2, &my, &mpre, &mpre2, &a};
-    return fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
+    err = fs_launch(&handle, device, grid, THREADS, SMEM, stream, args);
+    if (ws) {
+        const cudaError_t e2 = fs_workspace_release(stream, ws);
+        if (err == cudaSuccess) err = e2;
+    }
+    return err;
 }
 
 /* The tile width (256, 192, 160 or 128 W rows; SwiGLU not 160) with the least time per CTA: rounds of tiles over
  * the SMs times a tile's time, BN columns per K step of 64 plus a per-tile cost worth 512 such column-steps
  * (H100, K = 2560: a round of 128 x BN tiles took 0.0285 us per column-step and about 1.5 us more; each round
- * measured for every width at M = 256 ... 2048); ties go to the wider tile. tile_n, when nonzero, is taken
+ * measured for every width at M = 256 ... 2048); the transposed products' tiles cost about 2,800 column-steps more
+ * (H200, dX = dh W at 16k x 10240 -> 2560: 108 us a round of 256-wide tiles, 57.5 of 128-wide ones), and their split
+ * last round costs one chunk plus the partial sums' traffic; ties go to the wider tile. tile_n, when nonzero, is taken
  * instead (tests and benchmarks; SwiGLU and the transposed products ignore 160). A SwiGLU forward keeping its
  * pre-activation (p->swiglu with SWIGLU false: paired tiles) takes 256 or 128, whose halves are whole TMA boxes. */
 template <typename T, bool SWIGLU, int LAYOUT = LAYOUT_NT>
@@ -506,7 +600,11 @@ static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_coun
         if ((NO_160 && widths[i] == 160) || (paired && widths[i] % 128)) continue;
         const int out_bn = SWIGLU || paired ? widths[i] / 2 : widths[i];
         const long long tiles = (long long)((p->M + BM - 1) / BM) * ((p->N + out_bn - 1) / out_bn);
-        const long long cost = (tiles + sm_count - 1) / sm_count * ((long long)widths[i] * ((p->K + BK - 1) / BK) + 512);
+        const int nk = (p->K + BK - 1) / BK, split = LAYOUT == LAYOUT_NT ? 1 : tail_split(tiles, sm_count, nk);
+        const long long tile_cost = (long long)widths[i] * nk + (LAYOUT == LAYOUT_NT ? 512 : 2800);
+        /* a split last round: one chunk of a tile, plus writing and summing the chunks' partial sums (2 per column) */
+        const long long cost = split > 1 ? tiles / sm_count * tile_cost + (long long)widths[i] * nk / split + 512 + 2LL * split * widths[i]
+                                         : (tiles + sm_count - 1) / sm_count * tile_cost;
         if (i == 0 || cost < best_cost) {
             best = i;
             best_cost = cost;
