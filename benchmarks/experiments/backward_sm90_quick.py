@@ -1,6 +1,6 @@
 """Hopper attention backward, quick look: flashsci's backward against cuDNN's (SDPA) on a few shapes, TF/s and ratio
-in pairs of turns; with --one, a single flashsci backward of the first shape (for ncu).
-   python3 benchmarks/experiments/backward_sm90_quick.py [--one]"""
+in pairs of turns; with --one N, a single flashsci backward of shape N of SHAPES (for ncu).
+   python3 benchmarks/experiments/backward_sm90_quick.py [--one N]"""
 import sys
 
 import torch
@@ -16,7 +16,7 @@ SHAPES = [(16, 32, 1024, 64, False), (16, 32, 1024, 64, True), (4, 32, 4096, 64,
 def main():
     from torch.nn.attention import SDPBackend
     if "--one" in sys.argv:
-        b, h, s, d, causal = SHAPES[0]
+        b, h, s, d, causal = SHAPES[int(sys.argv[sys.argv.index("--one") + 1])]
         q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         out, lse = flashsci.attention(q, k, v, causal=causal, return_lse=True)
         flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal)

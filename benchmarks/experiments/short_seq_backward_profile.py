@@ -1,9 +1,9 @@
 """The 2.7B LM's attention at short contexts, kernel by kernel: one causal forward + backward (4, S, 32, 80, bshd,
 rotary in the kernel, bf16) through flashsci's torch op and through SDPA (rotary applied by torch beforehand, as the
 LM's stock model does) under torch.profiler, every kernel in launch order with its time, S = 512 and 1024; then whole
-calls by CUDA events (median of 30).
-    python benchmarks/experiments/short_seq_backward_profile.py [S ...]"""
-import sys
+calls by CUDA events (median of 30). Another LM size's heads by --heads / --dim (the xl model: --heads 25 --dim 64).
+    python benchmarks/experiments/short_seq_backward_profile.py [--heads H] [--dim D] [S ...]"""
+import argparse
 
 import torch
 
@@ -13,7 +13,12 @@ from flashsci.bench.timing import median_event_time_us
 from flashsci.profile.report import launch_listing
 from flashsci.profile.trace import capture
 
-B, H, D = 4, 32, 80
+ap = argparse.ArgumentParser()
+ap.add_argument("--heads", type=int, default=32)
+ap.add_argument("--dim", type=int, default=80)
+ap.add_argument("contexts", type=int, nargs="*", default=[512, 1024])
+args = ap.parse_args()
+B, H, D = 4, args.heads, args.dim
 
 
 def rotate(x, cos, sin):
@@ -22,7 +27,7 @@ def rotate(x, cos, sin):
 
 
 print(torch.cuda.get_device_name())
-for S in [int(s) for s in sys.argv[1:]] or [512, 1024]:
+for S in args.contexts:
     q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     dout = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
     ang = torch.arange(S, device="cuda")[:, None] * 10000.0 ** (-torch.arange(0, D, 2, device="cuda") / D)

@@ -79,12 +79,21 @@ __global__ void __launch_bounds__(FS_PASS_THREADS) backward_post(const fs_pass_a
     const long long r = (long long)(blockIdx.x / p.H) * ROWS + threadIdx.x / HALF;
     if (threadIdx.x >= ROWS * HALF || r >= (long long)a.nb * a.S) return;
     const fs_pass_row x = pass_row(a, r, h);
-    const float4 *acc = reinterpret_cast<const float4 *>(a.w.dq_acc + x.ws_row * D);
+    const float *acc = a.w.dq_acc + x.ws_row * D;
     float lo[8], hi[8];
-    *reinterpret_cast<float4 *>(lo) = acc[2 * c];
-    *reinterpret_cast<float4 *>(lo + 4) = acc[2 * c + 1];
-    *reinterpret_cast<float4 *>(hi) = acc[2 * (c + HALF)];
-    *reinterpret_cast<float4 *>(hi + 4) = acc[2 * (c + HALF) + 1];
+    if (a.w.dq_perm16) { /* the Hopper kernel's order: column pairs apart */
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+            *reinterpret_cast<float2 *>(lo + e) = *reinterpret_cast<const float2 *>(acc + fs_dq_slot(8 * c + e, 1));
+            *reinterpret_cast<float2 *>(hi + e) = *reinterpret_cast<const float2 *>(acc + fs_dq_slot(8 * (c + HALF) + e, 1));
+        }
+    } else {
+        const float4 *acc4 = reinterpret_cast<const float4 *>(acc);
+        *reinterpret_cast<float4 *>(lo) = acc4[2 * c];
+        *reinterpret_cast<float4 *>(lo + 4) = acc4[2 * c + 1];
+        *reinterpret_cast<float4 *>(hi) = acc4[2 * (c + HALF)];
+        *reinterpret_cast<float4 *>(hi + 4) = acc4[2 * (c + HALF) + 1];
+    }
     if (a.w.rotary) {
         const int pos = p.cu_seqlens_q ? x.i - __ldg(p.cu_seqlens_q + packed_sequence(p.cu_seqlens_q, p.B, x.i)) : x.i;
 #pragma unroll

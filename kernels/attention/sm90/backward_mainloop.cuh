@@ -6,7 +6,7 @@
  *   dS^T = P^T o (dP^T - D_i)
  *   dV_j += P^T dO_i, dK_j += dS^T Q_i        (wgmma, P^T and dS^T from registers, dO_i and Q_i MN-major)
  *   dQ_i += dS K_j                            (dS^T through shared memory as an MN-major A; both warpgroups' keys)
- * dQ_i goes to the float32 accumulator by float2 atomics from registers (staged in shared memory for bulk reductions,
+ * dQ_i goes to the float32 accumulator by float4 atomics from registers (its rows permuted: fs_dq_slot) (staged in shared memory for bulk reductions,
  * it ran 6-10% slower: the SS GEMMs here already keep shared memory busy); in deterministic runs (ORDERED) each
  * warpgroup adds its share of a tile after the key blocks before its own have added theirs, so every element's sum
  * has one order. */
@@ -218,19 +218,29 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         /* dK_j += dS^T Q_i, running while dQ_i is added */
         issue_xt(dk, dsk, q_base);
         wgmma_wait<1>();
-        /* dQ_i added into the accumulator: float2 atomics (red.global.add.v2.f32), this thread's rows and pairs; in
-         * order of key block when deterministic (this warpgroup's counter of the tile) */
+        /* dQ_i added into the accumulator: float4 atomics (red.global.add.v4.f32), this thread's rows, each add the
+         * pairs of column groups 2m and 2m + 1, adjacent in the accumulator's permuted rows (fs_dq_slot); in order of
+         * key block when deterministic (this warpgroup's counter of the tile). All 64 columns without a branch per add
+         * (a branch each recomputed the address, waiting for the add before to read it) */
         if constexpr (K::ORDERED) bwd_order_go(cw);
-        const int dq_col = (D == 64 ? 0 : cw * 64) + 2 * t4; /* accumulator rows of the data's p.D columns */
+        const int dq_col = D == 64 ? 0 : cw * 64, dq_cols = D == 64 ? 64 : min(64, p.D - dq_col);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int q = q0 + (D == 64 ? cw * 64 : 0) + warp * 16 + gr + 8 * r;
             if (q < q_len) {
-                float *dst = a.dq_acc + fs_bwd_row(p, blk.b, h, blk.seq.qo, q) * p.D + dq_col;
+                float4 *dst = reinterpret_cast<float4 *>(a.dq_acc + fs_bwd_row(p, blk.b, h, blk.seq.qo, q) * p.D + dq_col + 4 * t4);
+                auto add = [&](int m) {
+                    atomicAdd(dst + 4 * m, make_float4(dq[8 * m + 2 * r], dq[8 * m + 2 * r + 1], dq[8 * m + 4 + 2 * r],
+                                                       dq[8 * m + 5 + 2 * r]));
+                };
+                if (dq_cols == 64) {
 #pragma unroll
-                for (int n = 0; n < 8; n++)
-                    if (D == 64 || dq_col + 8 * n < p.D)
-                        atomicAdd(reinterpret_cast<float2 *>(dst + 8 * n), make_float2(dq[4 * n + 2 * r], dq[4 * n + 2 * r + 1]));
+                    for (int m = 0; m < 4; m++) add(m);
+                } else {
+#pragma unroll
+                    for (int m = 0; m < 4; m++)
+                        if (16 * m < dq_cols) add(m);
+                }
             }
         }
         if constexpr (K::ORDERED) bwd_order_added(cw);
