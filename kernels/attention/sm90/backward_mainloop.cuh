@@ -15,6 +15,8 @@
 
 #include <math.h>
 
+#include <type_traits>
+
 #include "attention/rotary/rotary.cuh"
 #include "attention/sm90/backward_producer.cuh"
 #include "attention/sm90/backward_tile.cuh"
@@ -142,30 +144,45 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         wgmma_commit();
         bwd_turn_pass(cw);
 
-        /* P^T = exp2(S^T c - L_i log2 e) while dP^T lands; element (n, r, c): key key0 + 8r, query q0 + 8n + 2 t4 + c */
+        /* P^T = exp2(S^T c - L_i log2 e) while dP^T lands; element (n, r, c): key key0 + 8r, query q0 + 8n + 2 t4 + c.
+         * K::EXP_AHEAD: L_i's and D_i's first values read ahead of the waits (a wait's memory clobber keeps loads
+         * behind it) and the unmasked tiles' loop apart from the masked ones' (sm90_bwd_config) */
         const float *L = sh.sL + s * BR, *Di = sh.sD + s * BR;
         const bool masked = (K::CAUSAL && blk.k0 + cw * 64 + 63 > q0) || blk.k0 + BC > k_len || dropped;
+        constexpr int AHEAD = K::EXP_AHEAD ? 4 : 0;
+        float2 l_ahead[AHEAD + 1];
+#pragma unroll
+        for (int n = 0; n < AHEAD; n++) l_ahead[n] = *reinterpret_cast<const float2 *>(L + 8 * n + 2 * t4);
         wgmma_wait<1>();
+        auto exp_tile = [&](auto with_mask) {
 #pragma unroll
-        for (int n = 0; n < NQ; n++) {
-            const float2 l2 = *reinterpret_cast<const float2 *>(L + 8 * n + 2 * t4);
+            for (int n = 0; n < NQ; n++) {
+                const float2 l2 = n < AHEAD ? l_ahead[n] : *reinterpret_cast<const float2 *>(L + 8 * n + 2 * t4);
 #pragma unroll
-            for (int r = 0; r < 2; r++)
+                for (int r = 0; r < 2; r++)
 #pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    float &x = st[4 * n + 2 * r + c];
-                    x = exp2_approx(fmaf(x, a.scale_log2, -(c ? l2.y : l2.x)));
-                    if (masked) {
-                        const int key = key0 + 8 * r, query = q0 + 8 * n + 2 * t4 + c;
-                        if (key >= k_len || (K::CAUSAL && key > query) || !kept[r]) x = 0.f;
+                    for (int c = 0; c < 2; c++) {
+                        float &x = st[4 * n + 2 * r + c];
+                        x = exp2_approx(fmaf(x, a.scale_log2, -(c ? l2.y : l2.x)));
+                        if (with_mask) {
+                            const int key = key0 + 8 * r, query = q0 + 8 * n + 2 * t4 + c;
+                            if (key >= k_len || (K::CAUSAL && key > query) || !kept[r]) x = 0.f;
+                        }
                     }
-                }
-        }
+            }
+        };
+        if constexpr (K::EXP_AHEAD) {
+            if (masked) exp_tile(std::true_type{});
+            else exp_tile(std::false_type{});
+        } else exp_tile(masked);
+        float2 d_ahead[AHEAD + 1];
+#pragma unroll
+        for (int n = 0; n < AHEAD; n++) d_ahead[n] = *reinterpret_cast<const float2 *>(Di + 8 * n + 2 * t4);
         wgmma_wait<0>();
         /* dS^T = P^T o (dP^T - D_i) */
 #pragma unroll
         for (int n = 0; n < NQ; n++) {
-            const float2 d2 = *reinterpret_cast<const float2 *>(Di + 8 * n + 2 * t4);
+            const float2 d2 = n < AHEAD ? d_ahead[n] : *reinterpret_cast<const float2 *>(Di + 8 * n + 2 * t4);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 dp[4 * n + 2 * r] = st[4 * n + 2 * r] * (dp[4 * n + 2 * r] - d2.x);
