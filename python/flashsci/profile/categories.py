@@ -3,7 +3,8 @@ memset events). The first rule whose pattern occurs in the lower-cased name wins
 
     attention      fused attention kernels: flashsci's (attention_*, backward_pre/post/t5_sum, rotary_qk, head_copy,
                    sm90_t5_expand, sm90_kpm_prepare), FlashAttention (flash_*), xFormers / PyTorch memory-efficient
-                   (fmha), cuDNN's fused SDPA (sdpa), anything named attention / attn
+                   (fmha), cuDNN's fused SDPA (sdpa) and its backward's dot(dO, O) and dQ conversion kernels,
+                   anything named attention / attn
     gemm           matrix products: cuBLAS (gemm, gemv, nvjet, xmma, splitKreduce), CUTLASS (cutlass), flashsci's
                    gemm_sm80 / gemm_sm90 (linear, SwiGLU)
     softmax        softmax kernels (the unfused attention's softmax among them)
@@ -19,7 +20,8 @@ CATEGORIES = ("gemm", "attention", "softmax", "normalisation", "memory", "elemen
 
 RULES = (
     ("attention", ("attention", "attn", "backward_pre", "backward_post", "backward_t5_sum", "rotary_qk", "head_copy",
-                   "sm90_t5_expand", "sm90_kpm_prepare", "flash_", "fmha", "sdpa")),
+                   "sm90_t5_expand", "sm90_kpm_prepare", "flash_", "fmha", "sdpa", "compute_dot_do_o",
+                   "convert_dq_to_16bits")),
     ("gemm", ("gemm", "gemv", "nvjet", "xmma", "cutlass", "splitkreduce", "cublas", "matmul")),
     ("softmax", ("softmax",)),
     ("normalisation", ("layer_norm", "layernorm", "rms_norm", "rmsnorm", "batch_norm", "batchnorm", "group_norm",
