@@ -6,10 +6,10 @@
  *   dS^T = P^T o (dP^T - D_i)
  *   dV_j += P^T dO_i, dK_j += dS^T Q_i        (wgmma, P^T and dS^T from registers, dO_i and Q_i MN-major)
  *   dQ_i += dS K_j                            (dS^T through shared memory as an MN-major A; both warpgroups' keys)
- * dQ_i goes to the float32 accumulator by float4 atomics from registers (its rows permuted: fs_dq_slot) (staged in shared memory for bulk reductions,
- * it ran 6-10% slower: the SS GEMMs here already keep shared memory busy); in deterministic runs (ORDERED) each
- * warpgroup adds its share of a tile after the key blocks before its own have added theirs, so every element's sum
- * has one order. */
+ * dQ_i goes to the float32 accumulator by float4 atomics from registers, its rows permuted (fs_dq_slot); staged in
+ * shared memory for bulk reductions it ran 6-10% slower (the SS GEMMs here already keep shared memory busy). In
+ * deterministic runs (ORDERED) each warpgroup adds its share of a tile after the key blocks before its own have added
+ * theirs, so every element's sum has one order. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_MAINLOOP_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_MAINLOOP_CUH
 
