@@ -5,7 +5,8 @@
   backend (torch.autograd.grad of an output whose forward ran on that backend, retain_graph, so the backward alone is
   timed); the protein shapes ESM2-3B (8, 40, 1024, 64) and ProtT5-XL (8, 32, 1024, 128) likewise.
 - varlen: ESM2-3B heads on 16k-token batches of real UniProt lengths (random order): attention_varlen_backward on the
-  packed batch against SDPA's backward on the same batch padded, with the key padding mask.
+  packed batch against SDPA's backward on the same batch padded, with the key padding mask, and (torch 2.10+) against
+  the backward of torch's varlen_attn on the packed batch (FlashAttention-2's varlen kernels), each in its own pair.
 TF/s count 2.5x the forward's FLOPs (FlashAttention's convention: 4 B H Sq Sk D forward, half for causal). Kernel times
 by CUDA events around back-to-back calls over input sets larger than L2 (torch's autograd backward cannot be captured
 in a graph on its own), medians, flashsci in a pair of turns with each torch variant.
@@ -91,6 +92,10 @@ def bench_dense(torch, dtype, causal, label, b, h, s, d):
 
 def bench_varlen(torch, dtype, lengths, n_batches=4):
     F = torch.nn.functional
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:     # torch before 2.10
+        varlen_attn = None
     h, d = 40, 64
     capped = [min(n, 4096) for n in lengths]
     random.Random(0).shuffle(capped)
@@ -109,19 +114,30 @@ def bench_varlen(torch, dtype, lengths, n_batches=4):
         keep = (torch.arange(s, device="cuda")[None, :] < torch.tensor(lens, device="cuda")[:, None])[:, None, None, :]
         leaves = tuple(x.detach().requires_grad_() for x in padded[:3])
         o = F.scaled_dot_product_attention(*leaves, attn_mask=keep)
-        sets = [(q, k, v, dout, out, lse, padded[3], o, leaves)]
-        fs = lambda q, k, v, dout, out, lse, pd, o, lv: flashsci.attention_varlen_backward(dout, q, k, v, out, lse, cu,
-                                                                                           cu, s, s)
-        sd = lambda q, k, v, dout, out, lse, pd, o, lv: torch.autograd.grad(o, lv, pd, retain_graph=True)
+        vleaves = tuple(x.detach().requires_grad_() for x in (q, k, v))
+        ov = None
+        if varlen_attn:
+            try:
+                ov = varlen_attn(*vleaves, cu, cu, s, s)
+            except RuntimeError as e:   # e.g. a GPU its FlashAttention-2 build does not cover: the row says so
+                print(f"varlen batch {i}: torch's varlen_attn failed ({e}); no comparison with it", flush=True)
+        # one input set: (q, k, v, dout, out, lse) packed, then SDPA's (padded dout, output, leaves), then varlen_attn's
+        sets = [(q, k, v, dout, out, lse, padded[3], o, leaves, ov, vleaves)]
+        fs = lambda q, k, v, dout, out, lse, *_: flashsci.attention_varlen_backward(dout, q, k, v, out, lse, cu, cu, s, s)
+        sd = lambda *x: torch.autograd.grad(x[7], x[8], x[6], retain_graph=True)
+        vl = lambda *x: torch.autograd.grad(x[9], x[10], x[3], retain_graph=True)
         t = event_turns_us(torch, {"fs": fs, "sdpa": sd}, sets)
         fs_t, t = t["fs"], t["sdpa"]
+        tv = event_turns_us(torch, {"fs": fs, "varlen": vl}, sets) if ov is not None else None
         useful = 2.5 * 4.0 * h * d * sum(n * n for n in lens)
         rows.append({"set": "varlen", "batch": i, "B": b, "S": s, "tokens": total, "D": d, "H": h, "causal": False,
                      "flashsci us": fs_t, "sdpa+mask us": t, "speedup vs sdpa+mask": t / fs_t,
-                     "flashsci TF/s": useful / fs_t / 1e6})
-        print(f"varlen batch {i}: {b}x{s} ({total} tokens): flashsci {fs_t:.1f} us, SDPA+mask {t:.1f} us -> {t / fs_t:.2f}x",
-              flush=True)
-        del sets, padded, leaves, o
+                     "flashsci TF/s": useful / fs_t / 1e6,
+                     "varlen_attn us": tv["varlen"] if tv else None,
+                     "speedup vs varlen_attn": tv["varlen"] / tv["fs"] if tv else None})
+        print(f"varlen batch {i}: {b}x{s} ({total} tokens): flashsci {fs_t:.1f} us, SDPA+mask {t:.1f} us -> {t / fs_t:.2f}x"
+              + (f"; varlen_attn {tv['varlen']:.1f} us -> {tv['varlen'] / tv['fs']:.2f}x" if tv else ""), flush=True)
+        del sets, padded, leaves, o, vleaves, ov
         torch.cuda.empty_cache()
     return rows
 
@@ -176,10 +192,14 @@ def _markdown(rows, meta):
                    f"{_f(r['cudnn TF/s'], '.0f')} | {_f(r['speedup vs cudnn'], '.2f')}× | "
                    f"{r['deterministic / default']:.2f}× |")
     out += ["", f"Packed varlen backward, ESM2-3B heads (H=40, D=64), 16k-token batches of {meta['fasta']} (random "
-            "order, lengths capped at 4096), against SDPA's backward on the padded batch with the key padding mask:", "",
-            "| batch | B×S | tokens | flashsci µs | useful TF/s | SDPA+mask µs | speedup |", "|---|---|---|---|---|---|---|"]
+            "order, lengths capped at 4096), against SDPA's backward on the padded batch with the key padding mask and "
+            "against torch's varlen_attn backward on the packed batch (FlashAttention-2), each in its own pair:", "",
+            "| batch | B×S | tokens | flashsci µs | useful TF/s | SDPA+mask µs | speedup | varlen_attn µs | speedup |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["set"] == "varlen":
+            vs = r.get("speedup vs varlen_attn")
             out.append(f"| {r['batch']} | {r['B']}×{r['S']} | {r['tokens']} | {r['flashsci us']:.1f} | "
-                       f"{r['flashsci TF/s']:.0f} | {r['sdpa+mask us']:.1f} | {r['speedup vs sdpa+mask']:.2f}× |")
+                       f"{r['flashsci TF/s']:.0f} | {r['sdpa+mask us']:.1f} | {r['speedup vs sdpa+mask']:.2f}× | "
+                       f"{_f(r.get('varlen_attn us'))} | {_f(vs, '.2f')}{'×' if vs else ''} |")
     return "\n".join(out) + "\n"
