@@ -130,7 +130,7 @@ def run_case(b, h, hkv, sq, sk, d, dtype, causal=False, kpm=None, lens=None, add
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [32, 64, 80, 96, 128])
+@pytest.mark.parametrize("d", [32, 64, 80, 96, 112, 128])
 def test_plain(d, causal, dtype):
     run_case(2, 3, 3, 300, 300, d, dtype, causal=causal)
 
