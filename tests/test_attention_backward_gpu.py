@@ -496,3 +496,19 @@ def test_unsupported_are_clear():
     q84 = rand(1, 2, 64, 88)[..., :84]
     with pytest.raises(ValueError, match="multiples of 8 up to 256, got 84"):
         flashsci.attention_backward(q84, q84, q84, q84, q84, lse)
+
+
+@pytest.mark.parametrize("d", [64, 80, 128])
+def test_qkvpacked_torch_op(d):
+    """flashsci.torch_ops.attention_qkvpacked on CUDA: its packed gradient (dq, dk, dv written into strided views of one
+    (B, S, 3, H, D) tensor) equals the gradients through attention on the three views (the LM's causal rotary case)."""
+    import flashsci.torch_ops as ops
+    x = rand(2, 300, 3, 4, d, dtype=torch.bfloat16).requires_grad_()
+    dout = rand(2, 300, 4, d, dtype=torch.bfloat16)
+    got = ops.attention_qkvpacked(x, causal=True, rotary_base=10000.0)
+    (g_got,) = torch.autograd.grad(got, x, dout)
+    want = ops.attention(x[:, :, 0], x[:, :, 1], x[:, :, 2], causal=True, layout="bshd", rotary_base=10000.0)
+    (g_want,) = torch.autograd.grad(want, x, dout)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(g_got, g_want, rtol=2e-2, atol=2e-2)   # dQ's float atomics add in another order
+    assert torch.isfinite(g_got).all()

@@ -276,3 +276,53 @@ def test_wrong_argument_types_are_type_errors():
         flashsci.torch_ops.attention_varlen(*varlen_args()[:6], 2**63)
     with pytest.raises(ValueError, match="w_gate must be 2-D"):   # the C function's message, not an IndexError
         flashsci.torch_ops.swiglu(x.requires_grad_(), torch.tensor(1.0))
+
+
+def test_qkvpacked_matches_separate_views():
+    """attention_qkvpacked on a (B, S, 3, H, D) projection equals attention on its three views, forward and gradient
+    (causal, rotary, a key padding mask), eager and through torch.compile(fullgraph=True)."""
+    torch._dynamo.reset()
+    torch.manual_seed(7)
+    x = torch.randn(2, 13, 3, 2, 8, dtype=torch.float64, requires_grad=True)
+    kpm = torch.rand(2, 13) > 0.3
+    kpm[:, 0] = True
+    dout = torch.randn(2, 13, 2, 8, dtype=torch.float64)
+
+    def packed(t):
+        return ops.attention_qkvpacked(t, causal=True, key_padding_mask=kpm, rotary_base=1e4)
+
+    def separate(t):
+        return ops.attention(t[:, :, 0], t[:, :, 1], t[:, :, 2], causal=True, layout="bshd", key_padding_mask=kpm,
+                             rotary_base=1e4)
+    want = separate(x)
+    (g_want,) = torch.autograd.grad(want, x, dout)
+    for fn in (packed, torch.compile(packed, fullgraph=True, backend="aot_eager")):
+        got = fn(x)
+        (g_got,) = torch.autograd.grad(got, x, dout)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(g_got, g_want, rtol=1e-12, atol=1e-12)
+
+
+def test_gradcheck_qkvpacked():
+    torch.manual_seed(8)
+    x = torch.randn(1, 9, 3, 2, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: flashsci.torch_ops.attention_qkvpacked(t, causal=True, rotary_base=1e4),
+                                    (x,), atol=1e-6, rtol=1e-5)
+    assert torch.autograd.gradcheck(lambda t: flashsci.torch_ops.attention_qkvpacked(t, scale=0.3), (x,), atol=1e-6,
+                                    rtol=1e-5)
+
+
+def test_opcheck_qkvpacked():
+    x = leaf(1, 6, 3, 2, 8, dtype=torch.float32)
+    torch.library.opcheck(ops.attention_qkvpacked_fwd, (x,), {"causal": True, "rotary_base": 1e4})
+    out, lse = ops.attention_qkvpacked_fwd(x.detach())
+    torch.library.opcheck(ops.attention_qkvpacked_bwd, (torch.randn_like(out), x.detach(), out, lse))
+
+
+def test_qkvpacked_refuses_other_shapes():
+    with pytest.raises(ValueError, match=r"qkv must have shape \(B, S, 3, H, D\), got \(1, 6, 2, 2, 8\)"):
+        flashsci.torch_ops.attention_qkvpacked(torch.randn(1, 6, 2, 2, 8))
+    with pytest.raises(ValueError, match="got \\(6, 3, 2, 8\\)"):
+        flashsci.torch_ops.attention_qkvpacked(torch.randn(6, 3, 2, 8))
+    with pytest.raises(TypeError, match="qkv must be a torch.Tensor, got list"):
+        flashsci.torch_ops.attention_qkvpacked([1.0])

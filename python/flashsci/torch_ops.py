@@ -6,9 +6,9 @@ breaks and captured by CUDA graphs:
     o.sum().backward()                             # dq, dk, dv by flashsci.attention_backward
     y = torch.ops.flashsci.linear(x, w, b, "gelu")  # differentiable: dx, dw, db by flashsci.linear_backward
 
-attention and attention_varlen are composites of two ops: attention_fwd, which returns (out, lse) and saves them for
-its backward (no S x S tensor is ever saved), and attention_bwd, the gradients (dq, dk, dv, and the additive bias's
-and the T5 table's when they require grad). lse is not differentiable. Each op calls the C entry point on torch's
+attention, attention_qkvpacked and attention_varlen are composites of two ops: attention_fwd, which returns (out, lse)
+and saves them for its backward (no S x S tensor is ever saved), and attention_bwd, the gradients (dq, dk, dv, and the
+additive bias's and the T5 table's when they require grad; one packed dqkv for attention_qkvpacked). lse is not differentiable. Each op calls the C entry point on torch's
 current stream; its fake kernel gives shapes and dtypes without running anything. Arguments that are tuples or
 "True or a float" in the Python API are flattened into typed ones: t5_bias=(table, buckets, max_distance,
 bidirectional) becomes t5_table, t5_num_buckets, t5_max_distance, t5_bidirectional, and rotary becomes rotary_base
@@ -222,6 +222,94 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Opti
                  needs_grad(q, k, v, bias, t5_table))[0]
 
 
+# ---------------------------------------------------------------------------------------------------------- qkv packed
+
+def _unbind_qkv(qkv):
+    """q, k, v as (B, S, H, D) views of qkv (B, S, 3, H, D): no copies."""
+    return qkv.unbind(2)
+
+
+def _attention_qkvpacked_fwd(qkv: Tensor, causal: bool = False, scale: Optional[float] = None,
+                             key_padding_mask: Optional[Tensor] = None, seqlens: Optional[Tensor] = None,
+                             rotary_base: Optional[float] = None) -> tuple[Tensor, Tensor]:
+    """flashsci.attention on the views of a packed (B, S, 3, H, D) qkv, layout "bshd": (out, lse)."""
+    q, k, v = _unbind_qkv(qkv.detach())
+    return _flashsci.attention(q, k, v, causal=causal, scale=scale, layout="bshd", key_padding_mask=key_padding_mask,
+                               seqlens=seqlens, rotary=rotary_base, return_lse=True)
+
+
+attention_qkvpacked_fwd = torch.library.custom_op("flashsci::attention_qkvpacked_fwd", _attention_qkvpacked_fwd,
+                                                  mutates_args=())
+
+
+@attention_qkvpacked_fwd.register_fake
+def _attention_qkvpacked_fwd_fake(qkv, causal=False, scale=None, key_padding_mask=None, seqlens=None, rotary_base=None):
+    """Shapes of flashsci::attention_qkvpacked_fwd: out (B, S, H, D), lse (B, H, S)."""
+    b, s, _, h, d = qkv.shape
+    return qkv.new_empty((b, s, h, d)), qkv.new_empty((b, h, s), dtype=_lse_dtype(qkv))
+
+
+def _attention_qkvpacked_bwd(dout: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, causal: bool = False,
+                             scale: Optional[float] = None, key_padding_mask: Optional[Tensor] = None,
+                             seqlens: Optional[Tensor] = None, rotary_base: Optional[float] = None) -> Tensor:
+    """flashsci.attention_backward writing dq, dk, dv into the views of one (B, S, 3, H, D) gradient: dqkv."""
+    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    q, k, v = _unbind_qkv(qkv.detach())
+    dq, dk, dv = _unbind_qkv(dqkv)
+    _flashsci.attention_backward(_row_contiguous(dout.detach()), q, k, v, out.detach(), lse.detach(), causal=causal,
+                                 scale=scale, layout="bshd", key_padding_mask=key_padding_mask, seqlens=seqlens,
+                                 rotary=rotary_base, dq=dq, dk=dk, dv=dv)
+    return dqkv
+
+
+attention_qkvpacked_bwd = torch.library.custom_op("flashsci::attention_qkvpacked_bwd", _attention_qkvpacked_bwd,
+                                                  mutates_args=())
+
+
+@attention_qkvpacked_bwd.register_fake
+def _attention_qkvpacked_bwd_fake(dout, qkv, out, lse, causal=False, scale=None, key_padding_mask=None, seqlens=None,
+                                  rotary_base=None):
+    """Shape of flashsci::attention_qkvpacked_bwd: dqkv like qkv."""
+    return qkv.new_empty(qkv.shape)
+
+
+_QKV_ARGS = ("causal", "scale", "key_padding_mask", "seqlens", "rotary_base")
+
+
+def _qkvpacked_setup(ctx, inputs, output):
+    """Save qkv, out, lse and the masks; lse is not differentiable."""
+    qkv, *rest = inputs
+    opts = dict(zip(_QKV_ARGS, rest))
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(qkv, out, lse, opts["key_padding_mask"], opts["seqlens"])
+    ctx.opts = {n: opts[n] for n in ("causal", "scale", "rotary_base")}
+
+
+def _qkvpacked_backward(ctx, grad_out, grad_lse):
+    """dqkv from flashsci::attention_qkvpacked_bwd; None for the options."""
+    qkv, out, lse, kpm, seqlens = ctx.saved_tensors
+    dqkv = _op(ctx, attention_qkvpacked_bwd)(grad_out, qkv, out, lse, key_padding_mask=kpm, seqlens=seqlens, **ctx.opts)
+    return (dqkv, *(None for _ in _QKV_ARGS))
+
+
+torch.library.register_autograd("flashsci::attention_qkvpacked_fwd", _qkvpacked_backward, setup_context=_qkvpacked_setup)
+
+
+def attention_qkvpacked(qkv: Tensor, causal: bool = False, scale: Optional[float] = None,
+                        key_padding_mask: Optional[Tensor] = None, seqlens: Optional[Tensor] = None,
+                        rotary_base: Optional[float] = None) -> Tensor:
+    """flashsci.attention on q, k, v packed as qkv (B, S, 3, H, D) (one projection's output viewed so; FlashAttention's
+    qkvpacked layout): out (B, S, H, D), differentiable in qkv, whose gradient the backward writes as one tensor (no
+    stack of dq, dk, dv as autograd makes for separate views)."""
+    _check("attention_qkvpacked", qkv=(qkv, "Tensor"), causal=(causal, "bool"), scale=(scale, "float?"),
+           key_padding_mask=(key_padding_mask, "Tensor?"), seqlens=(seqlens, "Tensor?"), rotary_base=(rotary_base, "float?"))
+    if qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"flashsci.torch_ops.attention_qkvpacked: qkv must have shape (B, S, 3, H, D), got "
+                         f"{tuple(qkv.shape)}")
+    return _call(attention_qkvpacked_fwd, (qkv, causal, scale, key_padding_mask, seqlens, rotary_base), needs_grad(qkv))[0]
+
+
 # ---------------------------------------------------------------------------------------------------------- packed
 
 def _attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
@@ -327,6 +415,9 @@ torch.library.define("flashsci::attention_varlen", "(Tensor q, Tensor k, Tensor 
                      "int t5_num_buckets=32, int t5_max_distance=128, bool t5_bidirectional=True, "
                      "float? rotary_base=None) -> Tensor")
 torch.library.impl("flashsci::attention_varlen", "CompositeImplicitAutograd", attention_varlen)
+torch.library.define("flashsci::attention_qkvpacked", "(Tensor qkv, bool causal=False, float? scale=None, "
+                     "Tensor? key_padding_mask=None, Tensor? seqlens=None, float? rotary_base=None) -> Tensor")
+torch.library.impl("flashsci::attention_qkvpacked", "CompositeImplicitAutograd", attention_qkvpacked)
 
 
 # ---------------------------------------------------------------------------------------------------------- linear
@@ -479,8 +570,9 @@ torch.library.impl("flashsci::swiglu", "CompositeImplicitAutograd", swiglu)
 
 # each forward op: its implementation, setup_context and backward (_Eager); each backward op: its implementation (_op)
 _IMPL = {attention_fwd: (_attention_fwd, _attention_setup, _attention_backward),
+         attention_qkvpacked_fwd: (_attention_qkvpacked_fwd, _qkvpacked_setup, _qkvpacked_backward),
          attention_varlen_fwd: (_attention_varlen_fwd, _varlen_setup, _varlen_backward),
          linear_fwd: (_linear_fwd, _linear_setup, _linear_backward),
          swiglu_fwd: (_swiglu_fwd, _swiglu_setup, _swiglu_backward)}
-_IMPL_BWD = {attention_bwd: _attention_bwd, attention_varlen_bwd: _attention_varlen_bwd, linear_bwd: _linear_bwd,
-             swiglu_bwd: _swiglu_bwd}
+_IMPL_BWD = {attention_bwd: _attention_bwd, attention_qkvpacked_bwd: _attention_qkvpacked_bwd,
+             attention_varlen_bwd: _attention_varlen_bwd, linear_bwd: _linear_bwd, swiglu_bwd: _swiglu_bwd}
