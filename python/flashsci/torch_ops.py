@@ -6,13 +6,13 @@ breaks and captured by CUDA graphs:
     o.sum().backward()                             # dq, dk, dv by flashsci.attention_backward
     y = torch.ops.flashsci.linear(x, w, b, "gelu")  # differentiable: dx, dw, db by flashsci.linear_backward
 
-attention, attention_qkvpacked and attention_varlen are composites of two ops: attention_fwd, which returns (out, lse)
-and saves them for its backward (no S x S tensor is ever saved), and attention_bwd, the gradients (dq, dk, dv, and the
-additive bias's and the T5 table's when they require grad; one packed dqkv for attention_qkvpacked). lse is not differentiable. Each op calls the C entry point on torch's
-current stream; its fake kernel gives shapes and dtypes without running anything. Arguments that are tuples or
-"True or a float" in the Python API are flattened into typed ones: t5_bias=(table, buckets, max_distance,
-bidirectional) becomes t5_table, t5_num_buckets, t5_max_distance, t5_bidirectional, and rotary becomes rotary_base
-(None = off). linear and swiglu are composites too: linear_fwd / swiglu_fwd return (y, h), h the pre-activation the
+attention (likewise attention_qkvpacked and attention_varlen) is a composite of two ops: attention_fwd, which returns
+(out, lse) and saves them for its backward (no S x S tensor is ever saved), and attention_bwd, the gradients (dq, dk,
+dv, and the additive bias's and the T5 table's when they require grad; attention_qkvpacked_bwd one packed dqkv). lse
+is not differentiable. Each op calls the C entry point on torch's current stream; its fake kernel gives shapes and
+dtypes without running anything. Arguments that are tuples or "True or a float" in the Python API are flattened into
+typed ones: t5_bias=(table, buckets, max_distance, bidirectional) becomes t5_table, t5_num_buckets, t5_max_distance,
+t5_bidirectional, and rotary becomes rotary_base (None = off). linear and swiglu are composites too: linear_fwd / swiglu_fwd return (y, h), h the pre-activation the
 forward keeps when autograd records (else empty), and linear_bwd / swiglu_bwd the gradients. Eager calls on plain
 tensors skip the custom-op dispatch (_Eager: the same implementations, setup and backward functions).
 """
