@@ -12,9 +12,10 @@ dv, and the additive bias's and the T5 table's when they require grad; attention
 is not differentiable. Each op calls the C entry point on torch's current stream; its fake kernel gives shapes and
 dtypes without running anything. Arguments that are tuples or "True or a float" in the Python API are flattened into
 typed ones: t5_bias=(table, buckets, max_distance, bidirectional) becomes t5_table, t5_num_buckets, t5_max_distance,
-t5_bidirectional, and rotary becomes rotary_base (None = off). linear and swiglu are composites too: linear_fwd / swiglu_fwd return (y, h), h the pre-activation the
-forward keeps when autograd records (else empty), and linear_bwd / swiglu_bwd the gradients. Eager calls on plain
-tensors skip the custom-op dispatch (_Eager: the same implementations, setup and backward functions).
+t5_bidirectional, and rotary becomes rotary_base (None = off). linear and swiglu are composites too: linear_fwd /
+swiglu_fwd return (y, h), h the pre-activation the forward keeps when autograd records (else empty), and linear_bwd /
+swiglu_bwd the gradients. Eager calls on plain tensors skip the custom-op dispatch (_Eager: the same implementations,
+setup and backward functions).
 """
 from typing import Optional
 
