@@ -19,12 +19,10 @@ static size_t align256(size_t x)
 }
 
 /* The main kernels in g's dtype: the Hopper kernel where it may run and covers g (deterministic runs: its dQ adds
- * ordered by zeroed counters; w->dq_perm16 set: its accumulator's order), else the portable ones (deterministic runs:
- * the main kernel and the dQ kernel). */
-static cudaError_t run_kernels(const fs_attn_bwd_params *g, fs_bwd_work *w, int device, cudaStream_t stream)
+ * ordered by zeroed counters), else the portable ones (deterministic runs: the main kernel and the dQ kernel). */
+static cudaError_t run_kernels(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
 {
-    w->dq_perm16 = w->sm90 && fs_sm90_backward_covers(g, w->rotary, w->rotary_dim);
-    if (w->dq_perm16) {
+    if (w->sm90 && fs_sm90_backward_covers(g, w->rotary, w->rotary_dim)) {
         const fs_sm90_bwd_work w90 = {w->dq_acc, w->delta, g->deterministic ? w->dq_order : NULL, w->rotary, w->rotary_base};
         cudaError_t err = cudaSuccess;
         if (w90.dq_order) err = cudaMemsetAsync(w90.dq_order, 0, 4 * fs_sm90_order_ints(&g->p), stream);
@@ -51,7 +49,6 @@ static fs_head_copy operand_copy(const fs_attn_params *p, int query_side, int H,
     c.base = p->rotary_base;
     c.scale = 1.f;
     c.src_f32 = 0;
-    c.perm16 = 0;
     const int64_t tss = (int64_t)H * Dp, tsh = Dp, tsb = packed ? 0 : (int64_t)c.S * H * Dp;
     c.src = to_scratch ? x : scratch;
     c.dst = to_scratch ? scratch : (void *)x;
@@ -122,7 +119,6 @@ static cudaError_t backward_padded(const fs_attn_bwd_params *g, fs_bwd_work *w, 
     for (int i = 0; i < 4 && err == cudaSuccess; i++) err = fs_head_copy_launch(&in[i], p->dtype, device, stream);
     if (err == cudaSuccess) err = fs_sm80_backward_pre(g, w, Dp, device, stream);
     if (err == cudaSuccess) err = run_kernels(&pg, &wk, device, stream);
-    cq.perm16 = wk.dq_perm16;
     if (err == cudaSuccess) err = fs_head_copy_launch(&cq, p->dtype, device, stream);
     if (err == cudaSuccess) err = fs_head_copy_launch(&ck, p->dtype, device, stream);
     if (err == cudaSuccess) err = fs_head_copy_launch(&cv, p->dtype, device, stream);
@@ -138,7 +134,6 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     const int Dp = backward_dim(g, sm90), native = Dp == p->D;
     fs_bwd_work w;
     w.sm90 = sm90;
-    w.dq_perm16 = 0;
     w.rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
     w.scale = (float)p->scale;
     w.rotary = p->rotary;

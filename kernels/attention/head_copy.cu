@@ -32,14 +32,13 @@ template <typename S, int W> FS_DEV_T void load_chunk(const fs_head_copy &c, int
 {
     const S *p = static_cast<const S *>(c.src) + at + j0;
     constexpr int bytes = W * sizeof(S); /* 8, 16 or 32 */
-    if constexpr (sizeof(S) == 4)
-        if (c.perm16) { /* dQ's accumulator in the Hopper kernel's order: column pairs apart */
+    if constexpr (sizeof(S) == 4) { /* dQ's accumulator: column pairs apart (fs_dq_slot) */
 #pragma unroll
-            for (int e = 0; e < W; e += 2)
-                *reinterpret_cast<uint2 *>(x.w + e) = __ldg(reinterpret_cast<const uint2 *>(static_cast<const S *>(c.src) + at +
-                                                                                          fs_dq_slot(j0 + e, 1)));
-            return;
-        }
+        for (int e = 0; e < W; e += 2)
+            *reinterpret_cast<uint2 *>(x.w + e) = __ldg(reinterpret_cast<const uint2 *>(static_cast<const S *>(c.src) + at +
+                                                                                      fs_dq_slot(j0 + e)));
+        return;
+    }
     if constexpr (bytes == 8) *reinterpret_cast<uint2 *>(x.w) = __ldg(reinterpret_cast<const uint2 *>(p));
     else
 #pragma unroll
@@ -181,7 +180,6 @@ static fs_head_copy side_copy(const fs_attn_params *p, int query_side, const voi
     c.src = src;
     c.dst = dst;
     c.src_f32 = 0;
-    c.perm16 = 0;
     c.s_sb = sb;
     c.s_sh = sh;
     c.s_ss = ss;

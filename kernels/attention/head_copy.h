@@ -13,8 +13,7 @@
 typedef struct {
     const void *src;
     void *dst;
-    int src_f32;               /* src is float32 (dQ's accumulator), else dst's dtype */
-    int perm16;                /* ... its columns in the Hopper backward's order (fs_dq_slot) */
+    int src_f32;               /* src is float32 (dQ's accumulator, its columns at fs_dq_slot), else dst's dtype */
     int64_t s_sb, s_sh, s_ss, d_sb, d_sh, d_ss;
     int D_src, D_dst;
     int nb, S, H;

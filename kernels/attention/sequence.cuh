@@ -47,12 +47,12 @@ FS_DEV int64_t fs_bwd_row(const fs_attn_params &p, int b, int h, int64_t qo, int
     return p.cu_seqlens_q ? (int64_t)h * p.total_q + qo + i : ((int64_t)b * p.H + h) * p.Sq + i;
 }
 
-/* Where column pair (j, j + 1) (j even) of a dQ accumulator row lies when the Hopper backward filled it (perm16): each
- * 16-column group in its wgmma fragments' order, column 16m + 8e + 2t + c at 16m + 4t + 2e + c, so that a thread's two
- * pairs of groups 2m and 2m + 1 (t = its lane % 4) are one float4 add; else at j. */
-FS_DEV int fs_dq_slot(int j, int perm16)
+/* Where column pair (j, j + 1) (j even) of a dQ accumulator row lies: each 16-column group in the mma fragments'
+ * order (mma.sync's m16n8 and wgmma's accumulators alike), column 16m + 8e + 2t + c at 16m + 4t + 2e + c, so that a
+ * thread's pairs of n8 groups 2m and 2m + 1 (t = its lane % 4) are one float4 add or store. */
+FS_DEV int fs_dq_slot(int j)
 {
-    return perm16 ? (j & ~15) | (j >> 1 & 3) << 2 | (j >> 3 & 1) << 1 : j;
+    return (j & ~15) | (j >> 1 & 3) << 2 | (j >> 3 & 1) << 1;
 }
 
 /* The sequence of packed row r: the last i < n with cu[i] <= r (0 if none; values unchecked, as in the kernels). */

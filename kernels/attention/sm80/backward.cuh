@@ -163,14 +163,16 @@ FS_DEV_T void mma_part_b(float (&acc)[MT][N][4], const uint32_t (&mine)[MT][KS /
     }
 }
 
-/* Float atomics of a pair into the float32 accumulator (one vector atomic on sm_90). */
-FS_DEV void atomic_add2(float *dst, float x, float y)
+/* Float atomics of four adjacent values into the float32 accumulator (one vector atomic on sm_90). */
+FS_DEV void atomic_add4(float *dst, float x, float y, float z, float w)
 {
 #if __CUDA_ARCH__ >= 900
-    atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(x, y));
+    atomicAdd(reinterpret_cast<float4 *>(dst), make_float4(x, y, z, w));
 #else
     atomicAdd(dst, x);
     atomicAdd(dst + 1, y);
+    atomicAdd(dst + 2, z);
+    atomicAdd(dst + 3, w);
 #endif
 }
 
@@ -398,9 +400,11 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
             for (int r = 0; r < 2; r++) {
                 const int i = q0 + qg * 16 + gr + 8 * r;
                 if (i < seq.q_len) {
-                    float *dst = a.dq_acc + fs_bwd_row(p, b, h, seq.qo, i) * D + dpart * NDQ * 8 + 2 * t4;
+                    /* n8 groups 2m and 2m + 1 side by side in the accumulator's row (fs_dq_slot) */
+                    float *dst = a.dq_acc + fs_bwd_row(p, b, h, seq.qo, i) * D + dpart * NDQ * 8 + 4 * t4;
 #pragma unroll
-                    for (int n = 0; n < NDQ; n++) atomic_add2(dst + n * 8, dq[n][2 * r], dq[n][2 * r + 1]);
+                    for (int m = 0; m < NDQ / 2; m++)
+                        atomic_add4(dst + 16 * m, dq[2 * m][2 * r], dq[2 * m][2 * r + 1], dq[2 * m + 1][2 * r], dq[2 * m + 1][2 * r + 1]);
                 }
             }
         }

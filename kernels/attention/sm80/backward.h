@@ -9,7 +9,7 @@
 
 /* What the passes and the main kernel share: the float32 workspaces and how dq and dk come back. */
 typedef struct {
-    float *dq_acc;     /* [rows][D]: (B, H, Sq) rows padded, (H, total_q) packed */
+    float *dq_acc;     /* [rows][D]: (B, H, Sq) rows padded, (H, total_q) packed; columns at fs_dq_slot */
     float *delta;      /* [rows] */
     int64_t rows;
     float scale;       /* the softmax scale (dQ and dK are scaled by it) */
@@ -19,7 +19,6 @@ typedef struct {
     float rotary_base;
     int sm90;          /* the Hopper main kernel may run (an sm_90 device, not forced to the portable one) */
     int *dq_order;     /* deterministic runs on the Hopper kernel: its dQ counters (fs_sm90_order_ints), or NULL */
-    int dq_perm16;     /* dq_acc's columns in the Hopper kernel's order (fs_dq_slot), set by the dispatcher's run */
 } fs_bwd_work;
 
 /* Delta = rowsum(dO o O) and dQ's accumulator (rows of acc_d floats: the kernels' head dim) zeroed, for every row of g. */

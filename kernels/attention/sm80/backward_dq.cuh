@@ -204,9 +204,11 @@ __global__ void __launch_bounds__(fs_bwd_dq_tile<D>::THREADS) attention_bwd_dq_s
     for (int r = 0; r < 2; r++) {
         const int i = row_base + 8 * r;
         if (i < seq.q_len) {
-            float *dst = a.dq_acc + fs_bwd_row(p, b, h, seq.qo, i) * D + 2 * t4;
+            float *dst = a.dq_acc + fs_bwd_row(p, b, h, seq.qo, i) * D + 4 * t4; /* in fs_dq_slot's order */
 #pragma unroll
-            for (int n = 0; n < NO; n++) *reinterpret_cast<float2 *>(dst + n * 8) = make_float2(dq[0][n][2 * r], dq[0][n][2 * r + 1]);
+            for (int m = 0; m < NO / 2; m++)
+                *reinterpret_cast<float4 *>(dst + 16 * m) = make_float4(dq[0][2 * m][2 * r], dq[0][2 * m][2 * r + 1],
+                                                                         dq[0][2 * m + 1][2 * r], dq[0][2 * m + 1][2 * r + 1]);
         }
     }
 }

@@ -1,6 +1,7 @@
 /* The passes around the attention backward's main kernel (backward.cuh), sm_80+, fp16/bf16:
  *   pre:  D_i = rowsum(dO_i o O_i) in float32, and dQ's float32 accumulator zeroed (the main kernel adds to it);
- *   post: dQ = scale * accumulator, rotated back when the forward rotated q, converted to dq's dtype and strides.
+ *   post: dQ = scale * accumulator (its rows in fs_dq_slot's order), rotated back when the forward rotated q, converted
+ *         to dq's dtype and strides.
  * and the T5 table's gradient summed from the dQ kernel's per-block partials. Memory-bound: each reads and writes its rows once, a thread per 16-byte chunk (pre) or chunk pair (post: the pair a
  * rotation couples, x[c] and x[c + D/2]).
  *
@@ -81,18 +82,10 @@ __global__ void __launch_bounds__(FS_PASS_THREADS) backward_post(const fs_pass_a
     const fs_pass_row x = pass_row(a, r, h);
     const float *acc = a.w.dq_acc + x.ws_row * D;
     float lo[8], hi[8];
-    if (a.w.dq_perm16) { /* the Hopper kernel's order: column pairs apart */
 #pragma unroll
-        for (int e = 0; e < 8; e += 2) {
-            *reinterpret_cast<float2 *>(lo + e) = *reinterpret_cast<const float2 *>(acc + fs_dq_slot(8 * c + e, 1));
-            *reinterpret_cast<float2 *>(hi + e) = *reinterpret_cast<const float2 *>(acc + fs_dq_slot(8 * (c + HALF) + e, 1));
-        }
-    } else {
-        const float4 *acc4 = reinterpret_cast<const float4 *>(acc);
-        *reinterpret_cast<float4 *>(lo) = acc4[2 * c];
-        *reinterpret_cast<float4 *>(lo + 4) = acc4[2 * c + 1];
-        *reinterpret_cast<float4 *>(hi) = acc4[2 * (c + HALF)];
-        *reinterpret_cast<float4 *>(hi + 4) = acc4[2 * (c + HALF) + 1];
+    for (int e = 0; e < 8; e += 2) { /* the accumulator's order (fs_dq_slot): column pairs apart */
+        *reinterpret_cast<float2 *>(lo + e) = *reinterpret_cast<const float2 *>(acc + fs_dq_slot(8 * c + e));
+        *reinterpret_cast<float2 *>(hi + e) = *reinterpret_cast<const float2 *>(acc + fs_dq_slot(8 * (c + HALF) + e));
     }
     if (a.w.rotary) {
         const int pos = p.cu_seqlens_q ? x.i - __ldg(p.cu_seqlens_q + packed_sequence(p.cu_seqlens_q, p.B, x.i)) : x.i;

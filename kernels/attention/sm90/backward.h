@@ -11,7 +11,7 @@
  * deterministic runs, and the rotation dK is turned back by. */
 typedef struct {
     float *dq_acc;      /* float32 rows of the data's head dim (the backward's fs_bwd_row), zeroed; the kernel adds column j
-                         * at fs_dq_slot(j, 1) */
+                         * at fs_dq_slot(j) */
     const float *delta; /* rowsum(dO o O) per row */
     int *dq_order;      /* deterministic runs: fs_sm90_order_ints(g) zeroed ints (dQ's adds in key-block order); else NULL */
     int rotary;         /* dK rotated back by rotary_base (the forward rotated q and k over all D columns) */

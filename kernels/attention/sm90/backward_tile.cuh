@@ -44,7 +44,7 @@ typedef struct {
     float scale_log2;    /* scale * log2(e) */
     float scale;
     float *dq_acc;       /* float32 rows of g.p.D at fs_bwd_row: ((b H + h) Sq + i) padded, (h total_q + qo + i) packed;
-                          * zeroed by the pre-pass; columns at fs_dq_slot(j, 1) */
+                          * zeroed by the pre-pass; columns at fs_dq_slot(j) */
     const float *delta;  /* rowsum(dO o O), one float per row as above */
     int n_kblocks;
     int section;         /* causal: K/V heads per section of the block order (sm90_bwd_block_of) */
