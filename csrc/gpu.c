@@ -233,38 +233,43 @@ PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device, const fs_ke
     return attention_launch(p, device, 0, choice, &plan) < 0 ? NULL : plan;
 }
 
-/* Launch a GEMM on device, or with plan non-NULL describe the launch as a dict in *plan. Hopper devices take
- * the sm_90a kernel when it was built (and tests have not forced the portable one). */
+/* Launch a GEMM on device, or with pl non-NULL fill *pl instead (and *hopper, *sm_count: the kernel and the SMs it
+ * plans for). Hopper devices take the sm_90a kernel when it was built (and tests have not forced the portable one). */
 static int gemm_launch(const fs_gemm_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice,
-                       PyObject **plan)
+                       fs_gemm_plan *pl, int *hopper, int *sm_count)
 {
     fs_gpu_props props;
     int prev;
     if (launch_begin(device, "linear", &props, &prev) < 0) return -1;
-    fs_gemm_plan pl;
-    const int hopper = props.major == 9 && fs_gemm_sm90_built() && !choice->gemm_sm80;
-    cudaError_t err = hopper ? fs_gemm_sm90(p, device, props.sm_count, choice->gemm_bn, (cudaStream_t)stream, plan ? &pl : NULL)
-                             : fs_gemm_sm80(p, device, (cudaStream_t)stream, plan ? &pl : NULL);
+    const int sm90 = props.major == 9 && fs_gemm_sm90_built() && !choice->gemm_sm80;
+    cudaError_t err = sm90 ? fs_gemm_sm90(p, device, props.sm_count, choice->gemm_bn, (cudaStream_t)stream, pl)
+                           : fs_gemm_sm80(p, device, (cudaStream_t)stream, pl);
     fs_gpu_device_leave(prev, device);
-    if (err != cudaSuccess) return cuda_fail(err, plan ? "linear launch plan" : "linear kernel launch");
-    if (plan) {
-        *plan = Py_BuildValue("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:i,s:i}", "kernel", hopper ? "sm90" : "sm80", "BM", pl.bm,
-                              "BN", pl.bn, "BK", pl.bk, "stages", pl.stages, "threads", pl.threads, "smem", pl.smem,
-                              "tiles", pl.tiles, "grid", pl.grid, "sm_count", props.sm_count, "split", pl.split);
-        if (!*plan) return -1;
-    }
+    if (err != cudaSuccess) return cuda_fail(err, pl ? "linear launch plan" : "linear kernel launch");
+    if (hopper) *hopper = sm90;
+    if (sm_count) *sm_count = props.sm_count;
     return 0;
 }
 
 int fs_gpu_gemm(const fs_gemm_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice)
 {
-    return gemm_launch(p, device, stream, choice, NULL);
+    return gemm_launch(p, device, stream, choice, NULL, NULL, NULL);
+}
+
+int fs_gpu_gemm_keeps_pre(const fs_gemm_params *p, int device, const fs_kernel_choice *choice)
+{
+    fs_gemm_plan pl;
+    return gemm_launch(p, device, 0, choice, &pl, NULL, NULL) < 0 ? -1 : pl.keeps_pre;
 }
 
 PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int device, const fs_kernel_choice *choice)
 {
-    PyObject *plan = NULL;
-    return gemm_launch(p, device, 0, choice, &plan) < 0 ? NULL : plan;
+    fs_gemm_plan pl;
+    int hopper, sm_count;
+    if (gemm_launch(p, device, 0, choice, &pl, &hopper, &sm_count) < 0) return NULL;
+    return Py_BuildValue("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:i,s:i,s:i}", "kernel", hopper ? "sm90" : "sm80", "BM", pl.bm,
+                         "BN", pl.bn, "BK", pl.bk, "stages", pl.stages, "threads", pl.threads, "smem", pl.smem, "tiles",
+                         pl.tiles, "grid", pl.grid, "sm_count", sm_count, "split", pl.split, "keeps_pre", pl.keeps_pre);
 }
 
 /* The elementwise passes of a differentiable linear layer on device. */
@@ -332,6 +337,11 @@ PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int d, const fs_kernel_
 int fs_gpu_gemm(const fs_gemm_params *p, int d, uintptr_t s, const fs_kernel_choice *c)
 {
     (void)p; (void)d; (void)s; (void)c;
+    return no_cuda();
+}
+int fs_gpu_gemm_keeps_pre(const fs_gemm_params *p, int d, const fs_kernel_choice *c)
+{
+    (void)p; (void)d; (void)c;
     return no_cuda();
 }
 PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int d, const fs_kernel_choice *c)

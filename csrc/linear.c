@@ -190,20 +190,23 @@ int fs_run_activation(fs_state *st, const fs_act_params *a, fs_tensor *const *ar
 }
 
 /* The forward that keeps the pre-activation for the backward: pre = x W^T + bias (SwiGLU: x Wg^T | x Wu^T, two
- * products into the halves of pre's rows), then y = act(pre) (silu(g) u) by the elementwise pass. On CUDA the GEMM
- * takes pre and keeps it itself (in the epilogue where the Hopper activation warps run, else in these two steps). */
+ * products into the halves of pre's rows), then y = act(pre) (silu(g) u) by the elementwise pass, on every device;
+ * where the Hopper GEMM's activation warps run, its launch keeps pre itself in one step. */
 static int run_with_preactivation(fs_state *st, const fs_gemm_params *p, void *pre, int64_t ldpre, fs_tensor *const *arrays,
                                   int n, uintptr_t stream)
 {
     fs_gemm_params q = *p;
     q.pre = pre;
     q.ldpre = ldpre;
-    if (arrays[0]->is_cuda) return fs_run_gemm(st, &q, arrays, n, stream);
+    if (p->M == 0 || p->N == 0) return 0; /* an empty result */
+    if (arrays[0]->is_cuda) {
+        const int keeps = fs_gpu_gemm_keeps_pre(&q, arrays[0]->device, &st->choice);
+        if (keeps != 0) return keeps < 0 ? -1 : fs_run_gemm(st, &q, arrays, n, stream);
+    }
     fs_gemm_params prod[2];
     const int count = fs_gemm_pre_products(&q, prod);
     for (int i = 0; i < count; i++)
         if (fs_run_gemm(st, &prod[i], arrays, i ? 0 : n, stream) < 0) return -1;
-    if (p->M == 0 || p->N == 0) return 0;
     const fs_act_params a = fs_gemm_pre_pass(&q);
     return fs_run_activation(st, &a, arrays, 0, stream);
 }

@@ -16,6 +16,8 @@ typedef struct {
     int bm, bn, bk, stages, threads, smem, grid;
     long long tiles;
     int split;
+    int keeps_pre; /* the launch keeps p->pre itself (the Hopper kernel's activation warps); else the caller runs the
+                    * products into pre, then the activation pass (fs_gemm_pre_products, fs_gemm_pre_pass) */
 } fs_gemm_plan;
 
 /* Launch the portable tensor-core GEMM (sm_80+, mma.sync, fp16/bf16, N and K multiples of 8) on stream; the

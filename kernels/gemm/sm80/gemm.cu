@@ -21,7 +21,6 @@
 #include <stdint.h>
 
 #include "common/cuda_ptx.cuh"
-#include "gemm/activation_launch.h"
 #include "gemm/launchers.h"
 #include "gemm/epilogue.cuh"
 #include "common/launch.cuh"
@@ -184,7 +183,7 @@ static cudaError_t launch(const fs_gemm_params *p, int device, cudaStream_t stre
     const long long tiles = (long long)tiles_m * tiles_n;
     if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     if (plan) {
-        *plan = fs_gemm_plan{BM, out_bn, BK, STAGES, THREADS, SMEM_BYTES, (int)tiles, tiles, 1};
+        *plan = fs_gemm_plan{BM, out_bn, BK, STAGES, THREADS, SMEM_BYTES, (int)tiles, tiles, 1, 0};
         return cudaSuccess;
     }
     cudaError_t err = fs_kernel_prepare(kernel, &handle, SMEM_BYTES, device);
@@ -202,14 +201,7 @@ template <typename T> static cudaError_t launch_transposed(const fs_gemm_params 
 
 extern "C" cudaError_t fs_gemm_sm80(const fs_gemm_params *p, int device, cudaStream_t stream, fs_gemm_plan *plan)
 {
-    if (p->pre && !plan) { /* the pre-activation kept in two steps: the products into it, then the activation pass */
-        fs_gemm_params q[2];
-        const int n = fs_gemm_pre_products(p, q);
-        cudaError_t err = cudaSuccess;
-        for (int i = 0; i < n && err == cudaSuccess; i++) err = fs_gemm_sm80(&q[i], device, stream, NULL);
-        const fs_act_params pass = fs_gemm_pre_pass(p);
-        return err == cudaSuccess ? fs_activation_gpu(&pass, device, stream) : err;
-    }
+    if (p->pre && !plan) return cudaErrorInvalidValue; /* never keeps it (plan.keeps_pre 0): the caller's two steps */
     if ((p->trans_x && !p->trans_w) || (p->trans_w && p->w2 && (p->trans_x || p->K % 2))) return cudaErrorInvalidValue;
     if (p->trans_w) return p->dtype == FS_F16 ? launch_transposed<__half>(p, device, stream, plan)
                                               : launch_transposed<__nv_bfloat16>(p, device, stream, plan);

@@ -33,7 +33,6 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "gemm/activation_launch.h"
 #include "gemm/launchers.h"
 #include "gemm/epilogue.cuh"
 #include "common/launch.cuh"
@@ -527,19 +526,13 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
     a.act_warps = LAYOUT == LAYOUT_NT && a.tma_store && !SWIGLU && tiles > grid &&
                   (a.paired || p->act == FS_ACT_GELU || p->act == FS_ACT_GELU_TANH || p->act == FS_ACT_SILU);
     if (plan) {
-        *plan = fs_gemm_plan{BM, tile_cols, BK, fs_gemm90_tile<BN, SWIGLU>::STAGES, THREADS, SMEM, grid, tiles, a.split};
+        *plan = fs_gemm_plan{BM, tile_cols, BK, fs_gemm90_tile<BN, SWIGLU>::STAGES, THREADS, SMEM, grid, tiles, a.split,
+                             p->pre && a.act_warps};
         return cudaSuccess;
     }
-    /* a kept pre-activation: stored from the activation warps' staging tiles in this launch, otherwise in two steps
-     * (the products into it, then the activation pass), so that no other epilogue carries the code */
-    if (p->pre && !a.act_warps) {
-        fs_gemm_params q[2];
-        const int n = fs_gemm_pre_products(p, q);
-        cudaError_t err = cudaSuccess;
-        for (int i = 0; i < n && err == cudaSuccess; i++) err = launch<BN, T, false, LAYOUT>(&q[i], device, sm_count, stream, NULL);
-        const fs_act_params pass = fs_gemm_pre_pass(p);
-        return err == cudaSuccess ? fs_activation_gpu(&pass, device, stream) : err;
-    }
+    /* a kept pre-activation is stored from the activation warps' staging tiles (so that no other epilogue carries the
+     * code); without them plan.keeps_pre is 0 and the caller runs the two steps */
+    if (p->pre && !a.act_warps) return cudaErrorInvalidValue;
     CUtensorMap mx, mw, mw2, my, mpre, mpre2;
     cudaError_t err = LAYOUT == LAYOUT_TN ? make_map(&mx, p->x, p->dtype, p->K, p->M, p->ldx, BK, 64)
                                           : make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM, BK);
