@@ -5,8 +5,8 @@ Five sizes (d_model, layers, heads); head dim 64, except 80 for the 2.7B model.
 Attention, one of:
     naive     the study's baseline: scores = q kᵀ/√d materialised, causal mask, softmax, · v (torch ops)
     sdpa      torch's F.scaled_dot_product_attention(is_causal=True) after the rotary in torch
-    flashsci  flashsci's causal attention with the rotary inside the kernel (flashsci.torch_ops.attention, forward and
-              backward); the SwiGLU's first GEMM fused: flashsci.swiglu where autograd does not record, its
+    flashsci  flashsci's causal attention with the rotary inside the kernel (flashsci.torch_ops.attention_qkvpacked on
+              the projection's (B, S, 3, H, D) view, forward and backward: one packed gradient, no stack of three); the SwiGLU's first GEMM fused: flashsci.swiglu where autograd does not record, its
               differentiable torch op (flashsci.torch_ops.swiglu: the backward by flashsci.swiglu_backward) where it does
 Each attention call runs inside record_function("attention") so profiles can separate its kernels.
 """
@@ -38,11 +38,12 @@ class Block(nn.Module):
 
     def attend(self, x):
         B, S, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(B, S, 3, self.heads, d // self.heads).unbind(2)
+        qkv = self.qkv(self.norm1(x)).view(B, S, 3, self.heads, d // self.heads)
         with torch.profiler.record_function("attention"):
             if self.attention == "flashsci":
-                o = flashsci.torch_ops.attention(q, k, v, causal=True, layout="bshd", rotary_base=10000.0)
+                o = flashsci.torch_ops.attention_qkvpacked(qkv, causal=True, rotary_base=10000.0)
             else:
+                q, k, v = qkv.unbind(2)
                 q, k, v = rotary(q).transpose(1, 2), rotary(k).transpose(1, 2), v.transpose(1, 2)
                 if self.attention == "sdpa":
                     o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
