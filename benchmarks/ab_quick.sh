@@ -4,7 +4,8 @@
 # a fresh CMake build folder into /tmp/ab_<name>; print each library's kernel symbols matching SYMBOL as a check of
 # what was built; run the GPU tests on new (TESTS=1: TEST_PATHS, default tests/; stopped after TEST_TIMEOUT seconds, a
 # hung kernel included), then time every build in turn ROUNDS times with a quick script (default
-# benchmarks/attn_quick.py; QUICK_ARGS passed on; each run stopped after QUICK_TIMEOUT seconds).
+# benchmarks/attn_quick.py; QUICK_ARGS passed on; each run stopped after QUICK_TIMEOUT seconds). BUILD=0 times the
+# builds a previous call left on a machine still warm; TIMED="old new" times only those.
 #   OLD_DIR=ab_old QUICK_ARGS="--head-dim 64" bash benchmarks/ab_quick.sh
 #   VARIANTS="ab_old ab_mid" QUICK=benchmarks/gemm_quick.py QUICK_ARGS=--epilogue bash benchmarks/ab_quick.sh
 #   OLD_DIR=ab_old QUICK=benchmarks/kpm_quick.py QUICK_ARGS="--fasta data/uniprot20k.fasta.gz" SYMBOL=kpm_prepare ...
@@ -29,9 +30,10 @@ build() { # $1: name, $2: source tree
   echo "built $1 in $(( $(date +%s) - t0 )) s; ${SYMBOL:-attention_fwd_sm90}: $(echo "$syms" | grep -c .) symbols, e.g. $(echo "$syms" | head -1 | cut -c1-70)"
 }
 names=new
-build new . &
+[[ ${BUILD:-1} == 1 ]] && build new . &
 for dir in $VARIANTS; do
   v=$(name "$dir"); names="$names $v"
+  [[ ${BUILD:-1} == 1 ]] || continue
   rm -rf "/tmp/src_$v" && mkdir -p "/tmp/src_$v"
   tar --exclude=./build --exclude='./ab_*' --exclude=./data --exclude=./.git -cf - . | tar -xf - -C "/tmp/src_$v"
   (cd "$dir" && find . -type f) | while read -r f; do cp "$dir/$f" "/tmp/src_$v/$f"; done
@@ -46,7 +48,7 @@ if [[ ${TESTS:-1} == 1 ]]; then
   PYTHONPATH=/tmp/ab_new timeout -k 5 ${TEST_TIMEOUT:-900} python3 -m pytest -q -x ${TEST_PATHS:-tests/} ${TEST_ARGS:-} 2>&1 | tee "$OUT/logs/tests.log" | tail -4
 fi
 for round in $(seq ${ROUNDS:-2}); do
-  for v in ${names#new } new; do
+  for v in ${TIMED:-${names#new } new}; do
     echo "== $v, round $round"
     PYTHONPATH=/tmp/ab_$v timeout -k 5 ${QUICK_TIMEOUT:-300} python3 -u ${QUICK:-benchmarks/attn_quick.py} ${QUICK_ARGS:-} 2>&1 | tail -${QUICK_TAIL:-10}
   done

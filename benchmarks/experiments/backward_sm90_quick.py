@@ -1,6 +1,7 @@
 """Hopper attention backward, quick look: flashsci's backward against cuDNN's (SDPA) on a few shapes, TF/s and ratio
-in pairs of turns; with --one N, a single flashsci backward of shape N of SHAPES (for ncu).
-   python3 benchmarks/experiments/backward_sm90_quick.py [--one N]"""
+in pairs of turns; with --one N, a single flashsci backward of shape N of SHAPES (for ncu); with --sm80, the portable
+kernel forced, against SDPA's FlashAttention-2 backward.
+   python3 benchmarks/experiments/backward_sm90_quick.py [--one N] [--sm80]"""
 import sys
 
 import torch
@@ -22,17 +23,21 @@ def main():
         flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal)
         torch.cuda.synchronize()
         return
-    print(torch.cuda.get_device_name())
+    sm80 = "--sm80" in sys.argv
+    peer, backend = ("flash", SDPBackend.FLASH_ATTENTION) if sm80 else ("cudnn", SDPBackend.CUDNN_ATTENTION)
+    if sm80:
+        flashsci._flashsci._set_attention_kernel("sm80")
+    print(torch.cuda.get_device_name(), "portable kernel forced" if sm80 else "")
     for b, h, s, d, causal in SHAPES:
-        sets = backward_sets(torch, b, h, s, d, torch.bfloat16, causal, {"cudnn": SDPBackend.CUDNN_ATTENTION})
+        sets = backward_sets(torch, b, h, s, d, torch.bfloat16, causal, {peer: backend})
         fs = lambda q, k, v, dout, out, lse, theirs: flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal)
         det = lambda q, k, v, dout, out, lse, theirs: flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal,
                                                                                   deterministic=True)
-        t = event_turns_us(torch, {"fs": fs, "cudnn": torch_backward(torch, "cudnn")}, sets)
+        t = event_turns_us(torch, {"fs": fs, peer: torch_backward(torch, peer)}, sets)
         td = event_turns_us(torch, {"fs": fs, "det": det}, sets)
         f = 2.5 * flops(b, h, s, s, d, causal)
-        print(f"{b}x{h}x{s}x{d} causal={causal}: flashsci {t['fs']:.0f} us {f / t['fs'] / 1e6:.0f} TF/s, cuDNN {t['cudnn']:.0f} us "
-              f"{f / t['cudnn'] / 1e6:.0f} TF/s -> {t['cudnn'] / t['fs']:.3f}x; deterministic {td['det'] / td['fs']:.2f}x the "
+        print(f"{b}x{h}x{s}x{d} causal={causal}: flashsci {t['fs']:.0f} us {f / t['fs'] / 1e6:.0f} TF/s, {peer} {t[peer]:.0f} us "
+              f"{f / t[peer] / 1e6:.0f} TF/s -> {t[peer] / t['fs']:.3f}x; deterministic {td['det'] / td['fs']:.2f}x the "
               "time", flush=True)
         del sets
         torch.cuda.empty_cache()
