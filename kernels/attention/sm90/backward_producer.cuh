@@ -51,8 +51,7 @@ template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_a
 
 /* Step it of a block: its query head (head of the group outer) and first query row (query tile inner; ordered causal
  * blocks last tile first, so every key block reaches a tile at the same step and none waits for the blocks before it
- * to come down to its first tile; unordered non-causal key block j from tile j mod n_q on, so that a head's blocks,
- * resident together, add their dQ to different rows at a time instead of all to one tile's). */
+ * to come down to its first tile). */
 FS_DEV int sm90_bwd_head(const fs_attn_params &p, const sm90_bwd_block &blk, int it)
 {
     return blk.hkv * p.kv_group + it / blk.n_q;
@@ -60,8 +59,7 @@ FS_DEV int sm90_bwd_head(const fs_attn_params &p, const sm90_bwd_block &blk, int
 template <class K> FS_DEV_T int sm90_bwd_q0(const sm90_bwd_block &blk, int it)
 {
     const int i = it % blk.n_q;
-    if (K::ORDERED) return (blk.q_tile0 + (K::CAUSAL ? blk.n_q - 1 - i : i)) * K::BR;
-    return (blk.q_tile0 + (K::CAUSAL ? i : (i + blk.k0 / K::BC) % blk.n_q)) * K::BR;
+    return (blk.q_tile0 + (K::ORDERED && K::CAUSAL ? blk.n_q - 1 - i : i)) * K::BR;
 }
 
 /* The producer warp's whole work for its block (lane: its lane). Stage s is full once the TMA bytes of Q_i and dO_i
