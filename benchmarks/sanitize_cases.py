@@ -5,8 +5,8 @@ protein options (padding mask with tile skipping, seqlens, bias, T5, rotary, var
 both kernels); grouped K/V heads on both kernels;
 then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every epilogue) and their backward; then the edges: size 1,
 size 0 (no rows, no keys: the fill kernel), rows with no kept key, NaN rows and keys, on both attention kernels; then
-the backward (every head dim, GQA, each option, varlen, deterministic, empty problems). SANITIZE_ONLY=linear or
-backward runs those cases alone."""
+the backward (every head dim, GQA, each option, varlen, deterministic, empty problems) on the portable kernel forced,
+then dispatched. SANITIZE_ONLY=linear or backward runs those cases alone."""
 import os
 
 import torch
@@ -60,7 +60,9 @@ def backward_cases():
 
 
 if ONLY == "backward":
-    backward_cases()
+    for kernel in ("auto", "sm80"):
+        flashsci._flashsci._set_attention_kernel(kernel)
+        backward_cases()
     print("sanitize cases done (backward only)")
     raise SystemExit(0)
 CASES = [  # (B, H, Sq, Sk, D, causal, layout)
@@ -201,6 +203,7 @@ for kernel in ("auto", "sm80"):  # edges: size 1 and 0, padding-only rows, NaN r
     flashsci.attention(q, k, k, key_padding_mask=kpm, return_lse=True)
     flashsci.attention(q, k, k, causal=True, return_lse=True)
     torch.cuda.synchronize()
-flashsci._flashsci._set_attention_kernel("auto")
-backward_cases()
+for kernel in ("sm80", "auto"):
+    flashsci._flashsci._set_attention_kernel(kernel)
+    backward_cases()
 print("sanitize cases done")
