@@ -6,8 +6,9 @@ Attention, one of:
     naive     the study's baseline: scores = q kᵀ/√d materialised, causal mask, softmax, · v (torch ops)
     sdpa      torch's F.scaled_dot_product_attention(is_causal=True) after the rotary in torch
     flashsci  flashsci's causal attention with the rotary inside the kernel (flashsci.torch_ops.attention_qkvpacked on
-              the projection's (B, S, 3, H, D) view, forward and backward: one packed gradient, no stack of three); the SwiGLU's first GEMM fused: flashsci.swiglu where autograd does not record, its
-              differentiable torch op (flashsci.torch_ops.swiglu: the backward by flashsci.swiglu_backward) where it does
+              the projection's (B, S, 3, H, D) view, forward and backward: one packed gradient, no stack of three);
+              the SwiGLU's first GEMM fused: flashsci.swiglu where autograd does not record, its differentiable torch
+              op (flashsci.torch_ops.swiglu: the backward by flashsci.swiglu_backward) where it does
 Each attention call runs inside record_function("attention") so profiles can separate its kernels.
 """
 import torch
