@@ -1,0 +1,62 @@
+"""One LM-grid training step kernel by kernel, SDPA model beside flashsci model: per pass (forward, backward), every
+kernel name's total time and calls under torch.profiler, sorted by time, with its category; then the per-category
+difference (flashsci - SDPA). Shows where a cell's step time goes that the grid's category table sums up.
+    python benchmarks/experiments/lm_step_kernels.py [--size large] [--context 4096] [--top 25]"""
+import argparse
+from collections import defaultdict
+
+import torch
+
+from flashsci.bench.lm_grid import BATCH, set_attention
+from flashsci.bench.models.lm import LM, VOCAB
+from flashsci.profile.categories import CATEGORIES, category
+from flashsci.profile.report import select, short
+from flashsci.profile.trace import capture
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--size", default="large")
+ap.add_argument("--context", type=int, default=4096)
+ap.add_argument("--top", type=int, default=25)
+args = ap.parse_args()
+
+torch.manual_seed(0)
+with torch.device("cuda"):
+    model = LM(args.size, "sdpa").bfloat16()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+ids = torch.randint(VOCAB, (BATCH, args.context + 1), device="cuda")
+rf = torch.profiler.record_function
+
+
+def step():
+    with rf("forward"):
+        loss = model.loss(ids)
+    with rf("backward"):
+        loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+print(torch.cuda.get_device_name(), args.size, args.context)
+per_cat = {}
+for attention in ("sdpa", "flashsci"):
+    set_attention(model, attention)
+    step()
+    step()
+    _, trace = capture(step)
+    for label in ("forward", "backward"):
+        kernels, _ = select(trace, label)
+        ms, calls = defaultdict(float), defaultdict(int)
+        for k in kernels:
+            ms[k["name"]] += k["us"] / 1e3
+            calls[k["name"]] += 1
+        cats = defaultdict(float)
+        for name, t in ms.items():
+            cats[category(name)] += t
+        per_cat[attention, label] = cats
+        print(f"\n{attention} {label}: {sum(ms.values()):.2f} ms in {len(kernels)} kernels")
+        for name in sorted(ms, key=lambda n: -ms[n])[: args.top]:
+            print(f"  {ms[name]:8.2f} ms {calls[name]:5d}x  {category(name):13s} {short(name, 110)}")
+print("\nflashsci - sdpa, ms per category:")
+for label in ("forward", "backward"):
+    print(f"  {label:8s} " + "  ".join(f"{c} {per_cat['flashsci', label][c] - per_cat['sdpa', label][c]:+.2f}"
+                                       for c in CATEGORIES))
