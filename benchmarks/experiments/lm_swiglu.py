@@ -1,7 +1,8 @@
 """The LM grid's SwiGLU up-projection at the 2.7B model's shape (K = 2560, 2 x 10240 gate | up rows; M = 4 x context
-tokens), forward and backward, flashsci against torch, kernel by kernel: CUDA-graph replays taking turns, medians.
-    python benchmarks/experiments/lm_swiglu.py [M ...]"""
-import sys
+tokens) or another size's (--d-model: K = d_model, N = 4 K), forward and backward, flashsci against torch, kernel by
+kernel: CUDA-graph replays taking turns, medians.
+    python benchmarks/experiments/lm_swiglu.py [--d-model 1280] [M ...]"""
+import argparse
 
 import torch
 import torch.nn.functional as F
@@ -9,7 +10,11 @@ import torch.nn.functional as F
 import flashsci
 from flashsci.bench.timing import graph_kernel_times_us
 
-K, N = 2560, 10240
+ap = argparse.ArgumentParser()
+ap.add_argument("--d-model", type=int, default=2560)
+ap.add_argument("m", type=int, nargs="*", default=[4096, 8192])
+args = ap.parse_args()
+K, N = args.d_model, 4 * args.d_model
 
 
 def inputs(m, sets=3):
@@ -31,7 +36,7 @@ def torch_swiglu_grad_h(h, dy):
 
 
 print(torch.cuda.get_device_name())
-for m in [int(a) for a in sys.argv[1:]] or [4096, 8192]:
+for m in args.m:
     fns = {
         "fs swiglu (h kept)": lambda x, w, h, dy: flashsci.swiglu(x, w, preactivation=h),
         "fs swiglu": lambda x, w, h, dy: flashsci.swiglu(x, w),
