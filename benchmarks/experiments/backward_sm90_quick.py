@@ -1,7 +1,7 @@
 """Hopper attention backward, quick look: flashsci's backward against cuDNN's (SDPA) on a few shapes, TF/s and ratio
 in pairs of turns; with --one N, a single flashsci backward of shape N of SHAPES (for ncu); with --sm80, the portable
-kernel forced, against SDPA's FlashAttention-2 backward.
-   python3 benchmarks/experiments/backward_sm90_quick.py [--one N] [--sm80]"""
+kernel forced, against SDPA's FlashAttention-2 backward; --shape B,H,S,D[,c] (repeatable) instead of SHAPES.
+   python3 benchmarks/experiments/backward_sm90_quick.py [--one N] [--sm80] [--shape 2,8,4096,256,c]"""
 import sys
 
 import torch
@@ -28,7 +28,9 @@ def main():
     if sm80:
         flashsci._flashsci._set_attention_kernel("sm80")
     print(torch.cuda.get_device_name(), "portable kernel forced" if sm80 else "")
-    for b, h, s, d, causal in SHAPES:
+    shapes = [tuple(int(x) for x in a.split(",")[:4]) + (a.endswith(",c"),)
+              for i, a in enumerate(sys.argv) if sys.argv[i - 1] == "--shape"] or SHAPES
+    for b, h, s, d, causal in shapes:
         sets = backward_sets(torch, b, h, s, d, torch.bfloat16, causal, {peer: backend})
         fs = lambda q, k, v, dout, out, lse, theirs: flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal)
         det = lambda q, k, v, dout, out, lse, theirs: flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal,
