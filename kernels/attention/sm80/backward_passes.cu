@@ -1,7 +1,7 @@
 /* The passes around the attention backward's main kernel (backward.cuh), sm_80+, fp16/bf16:
  *   pre:  D_i = rowsum(dO_i o O_i) in float32, and dQ's float32 accumulator zeroed (the main kernel adds to it);
  *   post: dQ = scale * accumulator (its rows in fs_dq_slot's order), rotated back when the forward rotated q, converted
- *         to dq's dtype and strides.
+ *         to dq's dtype and strides; a thread takes FS_POST_HEADS heads of a row, whose rotation angles are the same.
  * and the T5 table's gradient summed from the dQ kernel's per-block partials. Memory-bound: each reads and writes its rows once, a thread per 16-byte chunk (pre) or chunk pair (post: the pair a
  * rotation couples, x[c] and x[c + D/2]).
  *
@@ -19,6 +19,7 @@
 #include "common/launch.cuh"
 
 #define FS_PASS_THREADS 256
+#define FS_POST_HEADS 4 /* heads per post-pass thread: one set of rotation angles for all */
 
 typedef struct {
     fs_attn_bwd_params g;
@@ -70,51 +71,69 @@ __global__ void __launch_bounds__(FS_PASS_THREADS) backward_pre(const fs_pass_ar
     if (live && c == 0) a.w.delta[pass_row(a, r, h).ws_row] = sum;
 }
 
-/* Post-pass: D / 16 threads per row, each the chunk pair (c, c + D/16) of 8 elements. */
+/* Post-pass: D / 16 threads per row, each the chunk pair (c, c + D/16) of 8 elements for FS_POST_HEADS heads, whose
+ * rotation angles it computes once (dq = rotated back, scaled, converted):
+ *   dq[.., c'] = s (acc[c'] cos a + acc[c' + D/2] sin a),  dq[.., c' + D/2] = s (acc[c' + D/2] cos a - acc[c'] sin a) */
 template <int D, typename T>
 __global__ void __launch_bounds__(FS_PASS_THREADS) backward_post(const fs_pass_args a)
 {
     constexpr int HALF = D / 16, ROWS = FS_PASS_THREADS / HALF;
     const fs_attn_params &p = a.g.p;
-    const int h = blockIdx.x % p.H, c = threadIdx.x % HALF;
-    const long long r = (long long)(blockIdx.x / p.H) * ROWS + threadIdx.x / HALF;
+    const int groups = (p.H + FS_POST_HEADS - 1) / FS_POST_HEADS;
+    const int h0 = blockIdx.x % groups * FS_POST_HEADS, c = threadIdx.x % HALF;
+    const long long r = (long long)(blockIdx.x / groups) * ROWS + threadIdx.x / HALF;
     if (threadIdx.x >= ROWS * HALF || r >= (long long)a.nb * a.S) return;
-    const fs_pass_row x = pass_row(a, r, h);
-    const float *acc = a.w.dq_acc + x.ws_row * D;
-    float lo[8], hi[8];
+    float lo[FS_POST_HEADS][8], hi[FS_POST_HEADS][8];
 #pragma unroll
-    for (int e = 0; e < 8; e += 2) { /* the accumulator's order (fs_dq_slot): column pairs apart */
-        *reinterpret_cast<float2 *>(lo + e) = *reinterpret_cast<const float2 *>(acc + fs_dq_slot(8 * c + e));
-        *reinterpret_cast<float2 *>(hi + e) = *reinterpret_cast<const float2 *>(acc + fs_dq_slot(8 * (c + HALF) + e));
-    }
-    if (a.w.rotary) {
-        const int pos = p.cu_seqlens_q ? x.i - __ldg(p.cu_seqlens_q + packed_sequence(p.cu_seqlens_q, p.B, x.i)) : x.i;
+    for (int j = 0; j < FS_POST_HEADS; j++) { /* every head's loads in flight before the arithmetic */
+        if (h0 + j >= p.H) break;
+        const float *acc = a.w.dq_acc + pass_row(a, r, h0 + j).ws_row * D;
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
-            float s, co;
-            sincos_reduced((float)pos * rotary_inv_freq(c * 8 + e, D, a.w.rotary_base), &s, &co);
-            const float u = lo[e], v = hi[e];
-            lo[e] = u * co + v * s;
-            hi[e] = v * co - u * s;
+        for (int e = 0; e < 8; e += 2) { /* the accumulator's order (fs_dq_slot): column pairs apart */
+            *reinterpret_cast<float2 *>(&lo[j][e]) = *reinterpret_cast<const float2 *>(acc + fs_dq_slot(8 * c + e));
+            *reinterpret_cast<float2 *>(&hi[j][e]) = *reinterpret_cast<const float2 *>(acc + fs_dq_slot(8 * (c + HALF) + e));
         }
     }
-    uint4 out_lo, out_hi;
-    uint32_t *wl = reinterpret_cast<uint32_t *>(&out_lo), *wh = reinterpret_cast<uint32_t *>(&out_hi);
+    const fs_pass_row x = pass_row(a, r, 0);
+    float cs[8], sn[8];
+    if (a.w.rotary) {
+        const int pos = p.cu_seqlens_q ? x.i - __ldg(p.cu_seqlens_q + packed_sequence(p.cu_seqlens_q, p.B, x.i)) : x.i;
+        float freq[8];
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-        wl[e] = pack2<T>(lo[2 * e] * a.w.scale, lo[2 * e + 1] * a.w.scale);
-        wh[e] = pack2<T>(hi[2 * e] * a.w.scale, hi[2 * e + 1] * a.w.scale);
+        for (int e = 0; e < 8; e++) freq[e] = rotary_inv_freq(c * 8 + e, D, a.w.rotary_base);
+        chunk_angles((float)pos, freq, cs, sn);
     }
-    T *dq = static_cast<T *>(a.g.dq) + x.b * a.g.dq_sb + h * a.g.dq_sh + x.i * a.g.dq_ss;
-    *reinterpret_cast<uint4 *>(dq + c * 8) = out_lo;
-    *reinterpret_cast<uint4 *>(dq + (c + HALF) * 8) = out_hi;
+#pragma unroll
+    for (int j = 0; j < FS_POST_HEADS; j++) {
+        if (h0 + j >= p.H) break;
+        if (a.w.rotary) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float u = lo[j][e], v = hi[j][e];
+                lo[j][e] = u * cs[e] + v * sn[e];
+                hi[j][e] = v * cs[e] - u * sn[e];
+            }
+        }
+        uint4 out_lo, out_hi;
+        uint32_t *wl = reinterpret_cast<uint32_t *>(&out_lo), *wh = reinterpret_cast<uint32_t *>(&out_hi);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            wl[e] = pack2<T>(lo[j][2 * e] * a.w.scale, lo[j][2 * e + 1] * a.w.scale);
+            wh[e] = pack2<T>(hi[j][2 * e] * a.w.scale, hi[j][2 * e + 1] * a.w.scale);
+        }
+        T *dq = static_cast<T *>(a.g.dq) + x.b * a.g.dq_sb + (h0 + j) * a.g.dq_sh + x.i * a.g.dq_ss;
+        *reinterpret_cast<uint4 *>(dq + c * 8) = out_lo;
+        *reinterpret_cast<uint4 *>(dq + (c + HALF) * 8) = out_hi;
+    }
 }
 
-/* Launch a pass kernel (prepared into handle) over every (row, head) of a, rows_per_block rows a block. */
-static cudaError_t launch_rows(const void *kernel, fs_kernel *handle, int rows_per_block, const fs_pass_args *a, int device,
-                               cudaStream_t stream)
+/* Launch a pass kernel (prepared into handle) over every (row, head) of a, rows_per_block rows and heads_per_block heads
+ * a block. */
+static cudaError_t launch_rows(const void *kernel, fs_kernel *handle, int rows_per_block, int heads_per_block,
+                               const fs_pass_args *a, int device, cudaStream_t stream)
 {
-    const long long blocks = ((long long)a->nb * a->S + rows_per_block - 1) / rows_per_block * a->g.p.H;
+    const long long blocks = ((long long)a->nb * a->S + rows_per_block - 1) / rows_per_block *
+                             ((a->g.p.H + heads_per_block - 1) / heads_per_block);
     if (blocks == 0) return cudaSuccess;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     cudaError_t err = fs_kernel_prepare(kernel, handle, 0, device);
@@ -127,7 +146,7 @@ template <int TPR, typename T>
 static cudaError_t launch_pre(const fs_pass_args *a, int device, cudaStream_t stream)
 {
     static fs_kernel handle;
-    return launch_rows((const void *)backward_pre<TPR, T>, &handle, FS_PASS_THREADS / TPR, a, device, stream);
+    return launch_rows((const void *)backward_pre<TPR, T>, &handle, FS_PASS_THREADS / TPR, 1, a, device, stream);
 }
 
 template <typename T>
@@ -143,7 +162,8 @@ template <int D, typename T>
 static cudaError_t launch_post(const fs_pass_args *a, int device, cudaStream_t stream)
 {
     static fs_kernel handle;
-    return launch_rows((const void *)backward_post<D, T>, &handle, FS_PASS_THREADS / (D / 16), a, device, stream);
+    return launch_rows((const void *)backward_post<D, T>, &handle, FS_PASS_THREADS / (D / 16), FS_POST_HEADS, a, device,
+                       stream);
 }
 
 template <typename T>
