@@ -1,8 +1,11 @@
 """One LM-grid training step kernel by kernel, SDPA model beside flashsci model: per pass (forward, backward), every
 kernel name's total time and calls under torch.profiler, sorted by time, with its category; then the per-category
-difference (flashsci - SDPA). Shows where a cell's step time goes that the grid's category table sums up.
+difference (flashsci - SDPA); and where the GPU waits: each model's step by CUDA events against the host's time to
+queue it (no sync), and the profiled step's idle time between kernels per pass with its largest gaps. Shows where a
+cell's step time goes that the grid's category table sums up.
     python benchmarks/experiments/lm_step_kernels.py [--size large] [--context 4096] [--top 25]"""
 import argparse
+import time
 from collections import defaultdict
 
 import torch
@@ -36,12 +39,28 @@ def step():
     opt.zero_grad(set_to_none=True)
 
 
+def idle(kernels, top=6):
+    """GPU time between kernels (launch order by start), and the largest gaps with the kernel that follows each."""
+    ks = sorted(kernels, key=lambda k: k["start"])
+    gaps = [(b["start"] - (a["start"] + a["us"]), b["name"]) for a, b in zip(ks, ks[1:])]
+    return sum(g for g, _ in gaps if g > 0) / 1e3, sorted(gaps, reverse=True)[:top]
+
+
 print(torch.cuda.get_device_name(), args.size, args.context)
 per_cat = {}
 for attention in ("sdpa", "flashsci"):
     set_attention(model, attention)
     step()
     step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter()
+    step()
+    host = (time.perf_counter() - t0) * 1e3
+    end.record()
+    end.synchronize()
+    print(f"\n{attention}: one step {start.elapsed_time(end):.2f} ms on the GPU, {host:.2f} ms to queue on the host")
     _, trace = capture(step)
     for label in ("forward", "backward"):
         kernels, _ = select(trace, label)
@@ -53,7 +72,10 @@ for attention in ("sdpa", "flashsci"):
         for name, t in ms.items():
             cats[category(name)] += t
         per_cat[attention, label] = cats
-        print(f"\n{attention} {label}: {sum(ms.values()):.2f} ms in {len(kernels)} kernels")
+        gpu_idle, gaps = idle(kernels)
+        print(f"\n{attention} {label}: {sum(ms.values()):.2f} ms in {len(kernels)} kernels, GPU idle between them "
+              f"{gpu_idle:.2f} ms (profiled); largest gaps: " +
+              ", ".join(f"{g:.0f} us before {short(n, 40)}" for g, n in gaps))
         for name in sorted(ms, key=lambda n: -ms[n])[: args.top]:
             print(f"  {ms[name]:8.2f} ms {calls[name]:5d}x  {category(name):13s} {short(name, 110)}")
 print("\nflashsci - sdpa, ms per category:")

@@ -14,7 +14,7 @@ FLOATS = {"float", "double", "c10::Half", "c10::BFloat16", "c10::Float8_e4m3fn",
 
 @dataclass
 class Trace:
-    kernels: list = field(default_factory=list)       # dicts: name, category, us, labels (frozenset)
+    kernels: list = field(default_factory=list)       # dicts: name, category, start, us (GPU µs), labels (frozenset)
     conversions: list = field(default_factory=list)   # labels (frozenset) of each float-converting aten::copy_
 
 
@@ -42,7 +42,8 @@ def parse(events):
     for e in gpu:
         name = e["name"] if e["cat"] == "kernel" else e["cat"].replace("gpu_", "") + " " + e["name"]
         ts = launches.get((e.get("args") or {}).get("correlation"))
-        out.kernels.append({"name": name, "category": category(name), "us": float(e.get("dur", 0)),
+        out.kernels.append({"name": name, "category": category(name), "start": float(e.get("ts", 0)),
+                            "us": float(e.get("dur", 0)),
                             "labels": labels_at(ranges, ts) if ts is not None else frozenset()})
     out.conversions = [labels_at(ranges, ts) for ts in copies]
     return out
