@@ -3,7 +3,8 @@
 - sweep: B * S = 16384, H * D = 2048, D = 64 and 128, causal and not: flashsci.attention_backward (and its
   deterministic=True run, against the default) against the backward of SDPA's FlashAttention-2 backend and of its cuDNN
   backend (torch.autograd.grad of an output whose forward ran on that backend, retain_graph, so the backward alone is
-  timed); the protein shapes ESM2-3B (8, 40, 1024, 64) and ProtT5-XL (8, 32, 1024, 128) likewise.
+  timed); the protein shapes ESM2-3B (8, 40, 1024, 64) and ProtT5-XL (8, 32, 1024, 128) likewise; and one training
+  step's attention (forward + backward) against SDPA's cuDNN backend.
 - varlen: ESM2-3B heads on 16k-token batches of real UniProt lengths (random order): attention_varlen_backward on the
   packed batch against SDPA's backward on the same batch padded, with the key padding mask, and (torch 2.10+) against
   the backward of torch's varlen_attn on the packed batch (FlashAttention-2's varlen kernels), each in its own pair.
@@ -55,6 +56,26 @@ def torch_backward(torch, name):
     return fn
 
 
+def bench_step(torch, sets, causal, backend):
+    """One training step's attention, forward and backward, flashsci against SDPA's cuDNN backend (the forward
+    recorded by autograd on the saved leaves, then torch.autograd.grad), in their own pair."""
+    from torch.nn.attention import sdpa_kernel
+    if sets[0][6]["cudnn"] is None:
+        return {"step flashsci us": None, "step cudnn us": None, "step speedup vs cudnn": None}
+
+    def ours(q, k, v, dout, out, lse, theirs):
+        o, m = flashsci.attention(q, k, v, causal=causal, return_lse=True)
+        return flashsci.attention_backward(dout, q, k, v, o, m, causal=causal)
+
+    def cudnn(q, k, v, dout, out, lse, theirs):
+        leaves = theirs["cudnn"][1]
+        with sdpa_kernel(backend):
+            o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+        return torch.autograd.grad(o, leaves, dout)
+    t = event_turns_us(torch, {"fs": ours, "cudnn": cudnn}, sets)
+    return {"step flashsci us": t["fs"], "step cudnn us": t["cudnn"], "step speedup vs cudnn": t["cudnn"] / t["fs"]}
+
+
 def bench_dense(torch, dtype, causal, label, b, h, s, d):
     from torch.nn.attention import SDPBackend
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -81,6 +102,7 @@ def bench_dense(torch, dtype, causal, label, b, h, s, d):
     t = event_turns_us(torch, {"fs": fs, "det": det}, sets)
     row["deterministic us"] = t["det"]
     row["deterministic / default"] = t["det"] / t["fs"]
+    row.update(bench_step(torch, sets, causal, backends["cudnn"]))
     q, k, v, dout, out, lse, theirs = sets[0]
     mine = fs(*sets[0])
     ref = torch_backward(torch, "flash")(*sets[0]) if theirs["flash"] else None
@@ -178,11 +200,12 @@ def _markdown(rows, meta):
            f"torch {meta['torch']}, cuDNN {meta['cudnn']}, {meta['dtype']}, {meta['date']}. Backward alone (µs, CUDA "
            "events, median); TF/s with 2.5x the forward FLOPs. flashsci is timed in a pair with each torch backend; "
            "speedup = torch time / flashsci time within the pair.", "",
-           "deterministic=True is timed in its own pair with the default; its column is its time over the default's.",
+           "deterministic=True is timed in its own pair with the default; its column is its time over the default's. "
+           "Step: one training step's attention, forward + backward, against SDPA's cuDNN backend in its own pair.",
            "",
            "| set | B×H×S×D | causal | flashsci µs | TF/s | FA2 µs | FA2 TF/s | vs FA2 | cuDNN µs | cuDNN TF/s | vs cuDNN | "
-           "deterministic |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "deterministic | step vs cuDNN |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["set"] == "varlen":
             continue
@@ -190,7 +213,7 @@ def _markdown(rows, meta):
                    f"{r['flashsci us (vs flash)']:.1f} | {r['flashsci TF/s']:.0f} | {_f(r['flash us'])} | "
                    f"{_f(r['flash TF/s'], '.0f')} | {_f(r['speedup vs flash'], '.2f')}× | {_f(r['cudnn us'])} | "
                    f"{_f(r['cudnn TF/s'], '.0f')} | {_f(r['speedup vs cudnn'], '.2f')}× | "
-                   f"{r['deterministic / default']:.2f}× |")
+                   f"{r['deterministic / default']:.2f}× | {_f(r.get('step speedup vs cudnn'), '.2f')}× |")
     out += ["", f"Packed varlen backward, ESM2-3B heads (H=40, D=64), 16k-token batches of {meta['fasta']} (random "
             "order, lengths capped at 4096), against SDPA's backward on the padded batch with the key padding mask and "
             "against torch's varlen_attn backward on the packed batch (FlashAttention-2), each in its own pair:", "",
