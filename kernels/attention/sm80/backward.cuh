@@ -404,7 +404,8 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
                     float *dst = a.dq_acc + fs_bwd_row(p, b, h, seq.qo, i) * D + dpart * NDQ * 8 + 4 * t4;
 #pragma unroll
                     for (int m = 0; m < NDQ / 2; m++)
-                        atomic_add4(dst + 16 * m, dq[2 * m][2 * r], dq[2 * m][2 * r + 1], dq[2 * m + 1][2 * r], dq[2 * m + 1][2 * r + 1]);
+                        atomic_add4(dst + 16 * m, dq[2 * m][2 * r], dq[2 * m][2 * r + 1], dq[2 * m + 1][2 * r],
+                                    dq[2 * m + 1][2 * r + 1]);
                 }
             }
         }
