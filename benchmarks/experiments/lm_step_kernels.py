@@ -2,8 +2,9 @@
 kernel name's total time and calls under torch.profiler, sorted by time, with its category; then the per-category
 difference (flashsci - SDPA); and where the GPU waits: each model's step by CUDA events against the host's time to
 queue it (no sync), and the profiled step's idle time between kernels per pass with its largest gaps. Shows where a
-cell's step time goes that the grid's category table sums up.
-    python benchmarks/experiments/lm_step_kernels.py [--size large] [--context 4096] [--top 25]"""
+cell's step time goes that the grid's category table sums up. --power N: first N steps back to back per model, two
+rounds in turns, with the GPU's energy and mean SM clock (NVML) over each run: whether the step is power-bound.
+    python benchmarks/experiments/lm_step_kernels.py [--size large] [--context 4096] [--top 25] [--power 10]"""
 import argparse
 import time
 from collections import defaultdict
@@ -11,6 +12,7 @@ from collections import defaultdict
 import torch
 
 from flashsci.bench.lm_grid import BATCH, set_attention
+from flashsci.bench.nvml import ClockSampler, Nvml
 from flashsci.bench.models.lm import LM, VOCAB
 from flashsci.profile.categories import CATEGORIES, category
 from flashsci.profile.report import select, short
@@ -20,6 +22,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--size", default="large")
 ap.add_argument("--context", type=int, default=4096)
 ap.add_argument("--top", type=int, default=25)
+ap.add_argument("--power", type=int, default=0, help="steps per run of the energy and clock turns (0: none)")
 args = ap.parse_args()
 
 torch.manual_seed(0)
@@ -46,7 +49,29 @@ def idle(kernels, top=6):
     return sum(g for g, _ in gaps if g > 0) / 1e3, sorted(gaps, reverse=True)[:top]
 
 
+def power_turns(n, rounds=2):
+    """n steps back to back per model, the models in turns: ms per step, J per step, W and mean SM MHz."""
+    nvml = Nvml()
+    for r in range(rounds):
+        for attention in ("sdpa", "flashsci") if r % 2 == 0 else ("flashsci", "sdpa"):
+            set_attention(model, attention)
+            step()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with ClockSampler(nvml) as s:
+                start.record()
+                for _ in range(n):
+                    step()
+                end.record()
+                end.synchronize()
+            ms = start.elapsed_time(end)
+            print(f"{attention:8s} round {r}: {ms / n:7.2f} ms a step, {s.joules / n:6.1f} J a step, "
+                  f"{s.joules / ms * 1e3:5.0f} W, SM clock {s.mean_mhz:5.0f} MHz", flush=True)
+
+
 print(torch.cuda.get_device_name(), args.size, args.context)
+if args.power:
+    power_turns(args.power)
 per_cat = {}
 for attention in ("sdpa", "flashsci"):
     set_attention(model, attention)

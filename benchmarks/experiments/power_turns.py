@@ -4,68 +4,34 @@ through NVML (ctypes, libnvidia-ml) around and during each turn. The H100 runs t
 --order and --warm this found that a turn right after the efficient backend's runs 3-4% slower, and that one
 untimed replay opening each turn removes that (docs/performance.md). At turns of ~0.2 s NVML's energy
 and clock figures lag into the neighbouring turns: read them as rough, the times as the measurement.
-    python benchmarks/power_turns.py --shape 1,16,16384,128 [--mix all|cudnn] [--order sdpa,flashsci,...] [--warm 1] [--rounds 5]"""
+    python benchmarks/experiments/power_turns.py --shape 1,16,16384,128 [--mix all|cudnn] [--order sdpa,flashsci,...] [--warm 1] [--rounds 5]"""
 import argparse
-import ctypes
 import statistics
-import threading
-import time
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashsci
+from flashsci.bench.nvml import ClockSampler, Nvml
 from flashsci.bench.timing import attention_input_sets, capture_graph, with_backend
 
 F = torch.nn.functional
 
 
-class Nvml:
-    """The NVML calls needed here: total energy (mJ) and current SM clock (MHz) of GPU 0."""
-
-    def __init__(self):
-        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
-        self.dev = ctypes.c_void_p()
-        if self.lib.nvmlInit_v2() or self.lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.dev)):
-            raise RuntimeError("NVML init failed")
-
-    def energy_mj(self):
-        e = ctypes.c_ulonglong()
-        if self.lib.nvmlDeviceGetTotalEnergyConsumption(self.dev, ctypes.byref(e)):
-            raise RuntimeError("nvmlDeviceGetTotalEnergyConsumption failed")
-        return e.value
-
-    def sm_mhz(self):
-        c = ctypes.c_uint()
-        self.lib.nvmlDeviceGetClockInfo(self.dev, 1, ctypes.byref(c))  # NVML_CLOCK_SM
-        return c.value
-
-
 def turn(nvml, graph, calls, replays, warm):
     """Replays of one graph after `warm` untimed ones: (us per call, J per call, mean SM MHz sampled every 5 ms)."""
-    clocks, stop = [], threading.Event()
     for _ in range(warm):
         graph.replay()
-
-    def sample():
-        while not stop.is_set():
-            clocks.append(nvml.sm_mhz())
-            time.sleep(0.005)
     torch.cuda.synchronize()
-    th = threading.Thread(target=sample)
-    e0 = nvml.energy_mj()
-    th.start()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    stop.set()
-    th.join()
-    e1 = nvml.energy_mj()
+    with ClockSampler(nvml) as s:
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
     n = calls * replays
-    return start.elapsed_time(end) * 1e3 / n, (e1 - e0) * 1e-3 / n, statistics.mean(clocks) if clocks else 0.0
+    return start.elapsed_time(end) * 1e3 / n, s.joules / n, s.mean_mhz
 
 
 def main():
