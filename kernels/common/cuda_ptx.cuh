@@ -31,6 +31,12 @@ FS_DEV const float *cluster_peer(const float *p, int rank)
 /* Shared-memory address (32-bit) of a generic pointer into shared memory. */
 FS_DEV uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
+/* Four floats to a 16-byte aligned shared-memory address. */
+FS_DEV void st_shared_v4(uint32_t addr, float x, float y, float z, float w)
+{
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
+}
+
 /* 16-byte async copy global -> shared; zero-fills when !valid (src is then not read). */
 FS_DEV void cp_async16(uint32_t dst, const void *src, bool valid)
 {

@@ -74,6 +74,13 @@ FS_DEV void tma_store_4d(const CUtensorMap *map, const void *src, int c0, int c1
     asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
                  ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src)) : "memory");
 }
+/* TMA: a box of float32 in shared memory added element-wise into (c0, c1) of a 2-D float32 tensor map (the adds done
+ * in L2 like atomics; rows and columns past the map's ends dropped), in this thread's current bulk group. */
+FS_DEV void tma_reduce_add_2d(const CUtensorMap *map, const void *src, int c0, int c1)
+{
+    asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group [%0, {%1, %2}], [%3];\n"
+                 ::"l"(map), "r"(c0), "r"(c1), "r"(smem_addr(src)) : "memory");
+}
 FS_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /* Wait until this thread's bulk groups have read their shared memory (the buffer may be rewritten) ... */
 FS_DEV void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
@@ -105,6 +112,22 @@ static inline cudaError_t fs_make_tensor_map(CUtensorMap *map, const void *base,
     CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, (cuuint32_t)rank,
                         const_cast<void *>(base), dims, strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
                         box[0] == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+/* A 2-D tensor map over float32 rows (dims[0] columns, dims[1] rows, row_bytes apart) in boxes of 32 columns (128 bytes,
+ * the 128-byte swizzle: 16-byte chunk x of box row y at x ^ (y % 8)) by box_rows rows. */
+static inline cudaError_t fs_make_tensor_map_f32(CUtensorMap *map, const void *base, cuuint64_t cols, cuuint64_t rows,
+                                                 cuuint64_t row_bytes, cuuint32_t box_rows)
+{
+    static const cuuint32_t ones[2] = {1, 1};
+    const cuuint64_t dims[2] = {cols, rows}, strides[1] = {row_bytes};
+    const cuuint32_t box[2] = {32, box_rows};
+    fs_encode_tiled_fn encode = fs_encode_tiled();
+    if (!encode) return cudaErrorNotSupported;
+    CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<void *>(base), dims, strides, box, ones,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 

@@ -1,7 +1,8 @@
 /* Hopper attention backward (sm_90a, wgmma + TMA): the kernel, one block per key block of Bc keys, K/V head and batch.
  * Warpgroup 0 is the producer (backward_producer.cuh: one warp streams Q_i, dO_i, L_i, D_i), warpgroups 1 and 2 the
- * consumers (backward_mainloop.cuh: 64 keys each; dV, dK in registers, dQ by float4 atomics into the float32
- * accumulator); in deterministic runs its warps 1 and 2 order the consumers' dQ adds across key blocks. The passes
+ * consumers (backward_mainloop.cuh: 64 keys each; dV, dK in registers, dQ into the float32 accumulator); its warp 1
+ * adds the consumers' staged dQ by TMA reductions, or in deterministic runs its warps 1 and 2 order the consumers' dQ
+ * atomics across key blocks. The passes
  * around it are the portable backward's (Delta and the zeroed accumulator before, dQ's conversion after). Design and
  * measurements: docs/notes/attention_backward_sm90.md. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH
@@ -16,7 +17,7 @@ template <int D, typename T, bool CAUSAL, bool ORDERED>
 __global__ void __launch_bounds__(384, 1)
 attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                    const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
-                   const fs_sm90_bwd_args a)
+                   const __grid_constant__ CUtensorMap map_dq, const fs_sm90_bwd_args a)
 {
 #ifdef FS_WGMMA
     using K = sm90_bwd_config<D, T, CAUSAL, ORDERED>;
@@ -37,6 +38,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (threadIdx.x < 32) sm90_bwd_producer<K>(sh, map_q, map_k, map_v, map_do, a, blk, threadIdx.x);
+        else if (K::STAGED && threadIdx.x < 64) sm90_bwd_dq_writer<K>(sh, map_dq, a, blk, threadIdx.x & 31);
         else if (K::ORDERED && threadIdx.x < 96) sm90_bwd_order_warp<K>(a, blk, (threadIdx.x >> 5) - 1, threadIdx.x & 31);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"((int)K::tile::REGS));

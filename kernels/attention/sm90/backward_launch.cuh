@@ -39,13 +39,19 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     int sq, sk, nb; /* packed sequences: all rows as one batch */
     sm90_extent(p, 1, &sq, &nb);
     sm90_extent(p, 0, &sk, &nb);
-    CUtensorMap mq, mk, mv, mdo;
+    CUtensorMap mq, mk, mv, mdo, mdq = {};
     cudaError_t err = sm90_map(&mq, p->q, bf16, sq, p->H, nb, p->D, p->q_ss, p->q_sh, p->q_sb, tile::BR);
     if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, hkv, nb, p->D, p->k_ss, p->k_sh, p->k_sb, tile::BC);
     if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, hkv, nb, p->D, p->v_ss, p->v_sh, p->v_sb, tile::BC);
     if (err == cudaSuccess) err = sm90_map(&mdo, g->dout, bf16, sq, p->H, nb, p->D, g->do_ss, g->do_sh, g->do_sb, tile::BR);
+    if (sm90_bwd_config<D, T, CAUSAL, ORDERED>::STAGED && err == cudaSuccess) {
+        /* the dQ accumulator as rows of D floats (staged dQ's TMA reductions; their row coordinates are int32) */
+        const int64_t rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
+        err = rows > 0x7fffffffLL ? cudaErrorInvalidConfiguration
+                                  : fs_make_tensor_map_f32(&mdq, w->dq_acc, p->D, rows, 4 * (cuuint64_t)p->D, 64);
+    }
     if (err == cudaSuccess) err = fs_kernel_prepare((const void *)attention_bwd_sm90<D, T, CAUSAL, ORDERED>, &handle, SMEM, device);
-    void *args[] = {&mq, &mk, &mv, &mdo, &a};
+    void *args[] = {&mq, &mk, &mv, &mdo, &mdq, &a};
     if (err == cudaSuccess) err = fs_launch(&handle, device, (unsigned)blocks, 384, SMEM, stream, args);
     return err;
 }

@@ -6,10 +6,10 @@
  *   dS^T = P^T o (dP^T - D_i)
  *   dV_j += P^T dO_i, dK_j += dS^T Q_i        (wgmma, P^T and dS^T from registers, dO_i and Q_i MN-major)
  *   dQ_i += dS K_j                            (dS^T through shared memory as an MN-major A; both warpgroups' keys)
- * dQ_i goes to the float32 accumulator by float4 atomics from registers, its rows permuted (fs_dq_slot); staged in
- * shared memory for bulk reductions it ran 6-10% slower (the SS GEMMs here already keep shared memory busy). In
- * deterministic runs (ORDERED) each warpgroup adds its share of a tile after the key blocks before its own have added
- * theirs, so every element's sum has one order. */
+ * dQ_i goes to the float32 accumulator, its rows permuted (fs_dq_slot): where the tile stages it (K::STAGED), each
+ * warpgroup writes its share to shared memory and the writer warp adds it by TMA reductions, so no register waits on
+ * L2; else by float4 atomics from registers. In deterministic runs (ORDERED) each warpgroup adds its share of a tile
+ * by atomics after the key blocks before its own have added theirs, so every element's sum has one order. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_MAINLOOP_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_MAINLOOP_CUH
 
@@ -45,6 +45,61 @@ FS_DEV void bwd_order_added(int cw)
 {
     if (cw) asm volatile("bar.sync 7, 160;\n" ::: "memory");
     else asm volatile("bar.sync 6, 160;\n" ::: "memory");
+}
+
+/* Staged dQ: consumer warpgroup cw and the writer warp (warp 1 of the producer warpgroup) meet at named barrier 8 + cw
+ * once the warpgroup's share is in shared memory (it arrives, the writer waits) and at 10 + cw once the writer's
+ * reductions have read it (the writer arrives, the warpgroup waits before its next share). */
+FS_DEV void bwd_dq_staged(int cw)
+{
+    if (cw) asm volatile("bar.arrive 9, 160;\n" ::: "memory");
+    else asm volatile("bar.arrive 8, 160;\n" ::: "memory");
+}
+FS_DEV void bwd_dq_free_wait(int cw)
+{
+    if (cw) asm volatile("bar.sync 11, 160;\n" ::: "memory");
+    else asm volatile("bar.sync 10, 160;\n" ::: "memory");
+}
+
+/* dQ share c (0, 1) of consumer warpgroup cw in the staging: boxes of 32 columns x 64 rows (8 KiB), the warpgroup's
+ * two after each other; its origin in the tile: D = 64 rows 64 cw, columns 32 c; D = 128 rows 0, columns 64 cw + 32 c. */
+template <int D> FS_DEV_T int bwd_dq_box_row(int cw) { return D == 64 ? 64 * cw : 0; }
+template <int D> FS_DEV_T int bwd_dq_box_col(int cw, int c) { return (D == 64 ? 0 : 64 * cw) + 32 * c; }
+
+/* The dQ writer (K::STAGED): per step and consumer warpgroup, once its share is staged, lane 0 adds the share's boxes
+ * into the accumulator (rows at fs_bwd_row; a tile's rows past its head or sequence add zeros, rows past the
+ * accumulator and columns past D are dropped) and frees the staging once the reductions have read it. */
+template <class K>
+FS_DEV_T void sm90_bwd_dq_writer(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq, const fs_sm90_bwd_args &a,
+                                 const sm90_bwd_block &blk, int lane)
+{
+    /* the consumers' steps (sm90_bwd_head, sm90_bwd_q0; STAGED runs are not ORDERED) as two loops over rows that fit
+     * an int (the launch checks the accumulator's), in the 24 registers of the producer warpgroup */
+    const fs_attn_params &p = a.g.p;
+    const int head_rows = p.cu_seqlens_q ? p.total_q : p.Sq, last = blk.n_iter - 1;
+    int row = (int)fs_bwd_row(p, blk.b, blk.hkv * p.kv_group, blk.seq.qo, blk.q_tile0 * K::BR);
+    for (int g = 0, it = 0; g < p.kv_group; g++, row += head_rows - blk.n_q * K::BR)
+        for (int i = 0; i < blk.n_q; i++, it++, row += K::BR)
+#pragma unroll
+            for (int cw = 0; cw < 2; cw++) {
+                if (cw) asm volatile("bar.sync 9, 160;\n" ::: "memory");
+                else asm volatile("bar.sync 8, 160;\n" ::: "memory");
+                if (lane == 0) {
+#pragma unroll
+                    for (int c = 0; c < 2; c++)
+                        if (bwd_dq_box_col<K::D>(cw, c) < p.D)
+                            tma_reduce_add_2d(&map_dq, sh.sdQ + (2 * cw + c) * 64 * 32, bwd_dq_box_col<K::D>(cw, c),
+                                              row + bwd_dq_box_row<K::D>(cw));
+                    bulk_commit();
+                    bulk_wait_read();
+                }
+                __syncwarp();
+                if (it < last) {
+                    if (cw) asm volatile("bar.arrive 11, 160;\n" ::: "memory");
+                    else asm volatile("bar.arrive 10, 160;\n" ::: "memory");
+                }
+            }
+    if (lane == 0) bulk_wait();
 }
 
 /* The order warp of consumer warpgroup cw (lane: its lane): per step, lane 0 polls the tile's counter until the key
@@ -235,32 +290,49 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         /* dK_j += dS^T Q_i, running while dQ_i is added */
         issue_xt(dk, dsk, q_base);
         wgmma_wait<1>();
-        /* dQ_i added into the accumulator: float4 atomics (red.global.add.v4.f32), this thread's rows, each add the
-         * pairs of column groups 2m and 2m + 1, adjacent in the accumulator's permuted rows (fs_dq_slot); in order of
-         * key block when deterministic (this warpgroup's counter of the tile). All 64 columns without a branch per add
-         * (a branch each recomputed the address, waiting for the add before to read it) */
-        if constexpr (K::ORDERED) bwd_order_go(cw);
-        const int dq_col = D == 64 ? 0 : cw * 64, dq_cols = D == 64 ? 64 : min(64, p.D - dq_col);
+        if constexpr (K::STAGED) {
+            /* this thread's float4s (column groups 2m, 2m + 1 of its rows) into its warpgroup's boxes: box m / 2, row
+             * y of the box, 16-byte chunk x = 4 (m % 2) + t4 at x ^ (y % 8) (the map's 128-byte swizzle) */
+            if (it > 0) bwd_dq_free_wait(cw);
+            const uint32_t st_base = smem_addr(sh.sdQ) + cw * 2 * 64 * 128;
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int q = q0 + (D == 64 ? cw * 64 : 0) + warp * 16 + gr + 8 * r;
-            if (q < q_len) {
-                float4 *dst = reinterpret_cast<float4 *>(a.dq_acc + fs_bwd_row(p, blk.b, h, blk.seq.qo, q) * p.D + dq_col + 4 * t4);
-                auto add = [&](int m) {
-                    atomicAdd(dst + 4 * m, make_float4(dq[8 * m + 2 * r], dq[8 * m + 2 * r + 1], dq[8 * m + 4 + 2 * r],
-                                                       dq[8 * m + 5 + 2 * r]));
-                };
-                if (dq_cols == 64) {
+            for (int r = 0; r < 2; r++) {
+                const int y = warp * 16 + gr + 8 * r;
 #pragma unroll
-                    for (int m = 0; m < 4; m++) add(m);
-                } else {
+                for (int m = 0; m < 4; m++)
+                    st_shared_v4(st_base + (m >> 1) * 64 * 128 + y * 128 + ((((m & 1) * 4 + t4) ^ (y & 7)) << 4),
+                                 dq[8 * m + 2 * r], dq[8 * m + 2 * r + 1], dq[8 * m + 4 + 2 * r], dq[8 * m + 5 + 2 * r]);
+            }
+            fence_proxy_async();
+            bwd_dq_staged(cw);
+        } else {
+            /* dQ_i added into the accumulator: float4 atomics (red.global.add.v4.f32), this thread's rows, each add the
+             * pairs of column groups 2m and 2m + 1, adjacent in the accumulator's permuted rows (fs_dq_slot); in order of
+             * key block when deterministic (this warpgroup's counter of the tile). All 64 columns without a branch per add
+             * (a branch each recomputed the address, waiting for the add before to read it) */
+            if constexpr (K::ORDERED) bwd_order_go(cw);
+            const int dq_col = D == 64 ? 0 : cw * 64, dq_cols = D == 64 ? 64 : min(64, p.D - dq_col);
 #pragma unroll
-                    for (int m = 0; m < 4; m++)
-                        if (16 * m < dq_cols) add(m);
+            for (int r = 0; r < 2; r++) {
+                const int q = q0 + (D == 64 ? cw * 64 : 0) + warp * 16 + gr + 8 * r;
+                if (q < q_len) {
+                    float4 *dst = reinterpret_cast<float4 *>(a.dq_acc + fs_bwd_row(p, blk.b, h, blk.seq.qo, q) * p.D + dq_col + 4 * t4);
+                    auto add = [&](int m) {
+                        atomicAdd(dst + 4 * m, make_float4(dq[8 * m + 2 * r], dq[8 * m + 2 * r + 1], dq[8 * m + 4 + 2 * r],
+                                                           dq[8 * m + 5 + 2 * r]));
+                    };
+                    if (dq_cols == 64) {
+#pragma unroll
+                        for (int m = 0; m < 4; m++) add(m);
+                    } else {
+#pragma unroll
+                        for (int m = 0; m < 4; m++)
+                            if (16 * m < dq_cols) add(m);
+                    }
                 }
             }
+            if constexpr (K::ORDERED) bwd_order_added(cw);
         }
-        if constexpr (K::ORDERED) bwd_order_added(cw);
         wgmma_wait<0>();
         mbar_arrive(&sh.empty[s]); /* Q_i, dO_i, L_i, D_i read: every consumer thread arrives (each its own reads) */
         if (++s == STAGES) { s = 0; phase ^= 1; }

@@ -10,14 +10,15 @@
 #include "common/wgmma.cuh"
 
 /* ---- tile configuration, one place: per head dim the query tile Br a step streams, the key block Bc a block owns
- * (two consumer warpgroups of 64 keys), the Q/dO ring's stages and the registers setmaxnreg gives a consumer thread
- * (the producer warpgroup keeps 24). D = 128 takes Br = 64: dV and dK alone hold 128 of a thread's registers; D = 80
+ * (two consumer warpgroups of 64 keys), the Q/dO ring's stages, the registers setmaxnreg gives a consumer thread
+ * (the producer warpgroup keeps 24) and whether dQ_i is staged in shared memory for a writer warp's TMA reductions
+ * (else float4 atomics from the consumers' registers; deterministic runs always take the atomics). D = 128 takes Br = 64: dV and dK alone hold 128 of a thread's registers; D = 80
  * (the 2.7B LM's head dim) keeps D = 128's tiles and shared memory, its products spanning 80 columns ---- */
 template <int D> struct fs_sm90_bwd_tile;
-/*                                        BR   BC   STAGES  REGS */
-template <> struct fs_sm90_bwd_tile<64>  { enum { BR = 128, BC = 128, STAGES = 2, REGS = 240 }; };
-template <> struct fs_sm90_bwd_tile<80>  { enum { BR = 64, BC = 128, STAGES = 2, REGS = 240 }; };
-template <> struct fs_sm90_bwd_tile<128> { enum { BR = 64, BC = 128, STAGES = 2, REGS = 240 }; };
+/*                                        BR   BC   STAGES  REGS  DQ_STAGED */
+template <> struct fs_sm90_bwd_tile<64>  { enum { BR = 128, BC = 128, STAGES = 2, REGS = 240, DQ_STAGED = 1 }; };
+template <> struct fs_sm90_bwd_tile<80>  { enum { BR = 64, BC = 128, STAGES = 2, REGS = 240, DQ_STAGED = 0 }; };
+template <> struct fs_sm90_bwd_tile<128> { enum { BR = 64, BC = 128, STAGES = 2, REGS = 240, DQ_STAGED = 1 }; };
 
 /* The columns a tile row holds in shared memory: boxes of 64 (D = 80 reads zeros past its columns into the second). */
 constexpr int sm90_bwd_stored_dim(int d) { return (d + 63) / 64 * 64; }
@@ -30,7 +31,7 @@ template <int D_, typename T_, bool CAUSAL_, bool ORDERED_> struct sm90_bwd_conf
     using tile = fs_sm90_bwd_tile<D_>;
     static constexpr int D = D_, DS = sm90_bwd_stored_dim(D_), BR = tile::BR, BC = tile::BC, STAGES = tile::STAGES;
     static constexpr int NWG = 2, THREADS = 384;
-    static constexpr bool CAUSAL = CAUSAL_, ORDERED = ORDERED_;
+    static constexpr bool CAUSAL = CAUSAL_, ORDERED = ORDERED_, STAGED = tile::DQ_STAGED && !ORDERED_;
     static constexpr int NQ = BR / 8; /* n8 column groups of S^T, dP^T (queries) */
     static constexpr int NO = D / 8;  /* ... of dV, dK (head dim) */
     /* the exponentials' L_i, D_i read ahead and unmasked tiles on a loop of their own: causal D = 128 only (H200, bf16,
@@ -56,20 +57,21 @@ typedef struct {
 } fs_sm90_bwd_args;
 
 /* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two
- * buffers of dS^T (64-query panels of Bc rows, as dQ's MN-major A), STAGES buffers of L_i log2 e and D_i, the
- * mbarriers; plus 1 KiB alignment slack */
+ * buffers of dS^T (64-query panels of Bc rows, as dQ's MN-major A), dQ_i's float32 staging where the tile stages it
+ * (boxes of 32 columns by Br rows, 128-byte swizzle), STAGES buffers of L_i log2 e and D_i, the mbarriers; plus 1 KiB
+ * alignment slack */
 template <int D> constexpr int sm90_bwd_smem()
 {
     using t = fs_sm90_bwd_tile<D>;
     constexpr int DS = sm90_bwd_stored_dim(D);
-    return (2 * t::BC * DS + 2 * t::STAGES * t::BR * DS + 2 * t::BC * t::BR) * 2 + 2 * t::STAGES * t::BR * 4 +
-           (1 + 2 * t::STAGES) * 8 + 1024;
+    return (2 * t::BC * DS + 2 * t::STAGES * t::BR * DS + 2 * t::BC * t::BR) * 2 + t::DQ_STAGED * t::BR * DS * 4 +
+           2 * t::STAGES * t::BR * 4 + (1 + 2 * t::STAGES) * 8 + 1024;
 }
 
 #ifdef FS_WGMMA
 template <typename T> struct sm90_bwd_shared {
     T *sK, *sV, *sQ, *sdO, *sdS;
-    float *sL, *sD;
+    float *sdQ, *sL, *sD;
     uint64_t *kv_full, *full, *empty;
 };
 
@@ -84,7 +86,8 @@ template <class K> FS_DEV_T sm90_bwd_shared<typename K::T> sm90_bwd_carve(unsign
     sh.sQ = sh.sV + BC * D;
     sh.sdO = sh.sQ + STAGES * BR * D;
     sh.sdS = sh.sdO + STAGES * BR * D;
-    sh.sL = reinterpret_cast<float *>(sh.sdS + 2 * BC * BR);
+    sh.sdQ = reinterpret_cast<float *>(sh.sdS + 2 * BC * BR); /* 1024-byte aligned: every buffer before is */
+    sh.sL = sh.sdQ + K::tile::DQ_STAGED * BR * D;
     sh.sD = sh.sL + STAGES * BR;
     sh.kv_full = reinterpret_cast<uint64_t *>(sh.sD + STAGES * BR);
     sh.full = sh.kv_full + 1;
