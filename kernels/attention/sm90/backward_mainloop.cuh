@@ -291,18 +291,20 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         issue_xt(dk, dsk, q_base);
         wgmma_wait<1>();
         if constexpr (K::STAGED) {
-            /* this thread's float4s (column groups 2m, 2m + 1 of its rows) into its warpgroup's boxes: box m / 2, row
-             * y of the box, 16-byte chunk x = 4 (m % 2) + t4 at x ^ (y % 8) (the map's 128-byte swizzle) */
+            /* this thread's float4s (column groups 2m, 2m + 1 of its rows; D = 80: warpgroup 1's 16 columns, m = 0)
+             * into its warpgroup's boxes: box m / 2, row y = 16 warp + gr + 8 r of the box, 16-byte chunk x = 4 (m % 2)
+             * + t4 at x ^ (y % 8) = (t4 ^ gr) ^ 4 (m % 2) (the map's 128-byte swizzle; the staging is 1024-byte
+             * aligned, so the chunk is address bits 4-6): one base address, the rest immediates */
             if (it > 0) bwd_dq_free_wait(cw);
-            const uint32_t st_base = smem_addr(sh.sdQ) + cw * 2 * 64 * 128;
+            const uint32_t st_row = smem_addr(sh.sdQ) + cw * 2 * 64 * 128 + (warp * 16 + gr) * 128 + ((t4 ^ gr) << 4);
+            const int groups = D == 80 && cw ? 1 : 4;
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int y = warp * 16 + gr + 8 * r;
+            for (int r = 0; r < 2; r++)
 #pragma unroll
                 for (int m = 0; m < 4; m++)
-                    st_shared_v4(st_base + (m >> 1) * 64 * 128 + y * 128 + ((((m & 1) * 4 + t4) ^ (y & 7)) << 4),
-                                 dq[8 * m + 2 * r], dq[8 * m + 2 * r + 1], dq[8 * m + 4 + 2 * r], dq[8 * m + 5 + 2 * r]);
-            }
+                    if (m < groups)
+                        st_shared_v4((st_row ^ (m & 1) << 6) + (m >> 1) * 64 * 128 + r * 8 * 128, dq[8 * m + 2 * r],
+                                     dq[8 * m + 2 * r + 1], dq[8 * m + 4 + 2 * r], dq[8 * m + 5 + 2 * r]);
             fence_proxy_async();
             bwd_dq_staged(cw);
         } else {

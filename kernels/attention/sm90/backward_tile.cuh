@@ -12,12 +12,13 @@
 /* ---- tile configuration, one place: per head dim the query tile Br a step streams, the key block Bc a block owns
  * (two consumer warpgroups of 64 keys), the Q/dO ring's stages, the registers setmaxnreg gives a consumer thread
  * (the producer warpgroup keeps 24) and whether dQ_i is staged in shared memory for a writer warp's TMA reductions
- * (else float4 atomics from the consumers' registers; deterministic runs always take the atomics). D = 128 takes Br = 64: dV and dK alone hold 128 of a thread's registers; D = 80
+ * (else float4 atomics from the consumers' registers; deterministic runs always take the atomics; 2: causal runs only,
+ * for D = 80 non-causal staged had ptxas serialize its wgmmas for want of registers: 1,160 -> 1,490 us). D = 128 takes Br = 64: dV and dK alone hold 128 of a thread's registers; D = 80
  * (the 2.7B LM's head dim) keeps D = 128's tiles and shared memory, its products spanning 80 columns ---- */
 template <int D> struct fs_sm90_bwd_tile;
 /*                                        BR   BC   STAGES  REGS  DQ_STAGED */
 template <> struct fs_sm90_bwd_tile<64>  { enum { BR = 128, BC = 128, STAGES = 2, REGS = 240, DQ_STAGED = 1 }; };
-template <> struct fs_sm90_bwd_tile<80>  { enum { BR = 64, BC = 128, STAGES = 2, REGS = 240, DQ_STAGED = 0 }; };
+template <> struct fs_sm90_bwd_tile<80>  { enum { BR = 64, BC = 128, STAGES = 2, REGS = 240, DQ_STAGED = 2 }; };
 template <> struct fs_sm90_bwd_tile<128> { enum { BR = 64, BC = 128, STAGES = 2, REGS = 240, DQ_STAGED = 1 }; };
 
 /* The columns a tile row holds in shared memory: boxes of 64 (D = 80 reads zeros past its columns into the second). */
@@ -31,7 +32,8 @@ template <int D_, typename T_, bool CAUSAL_, bool ORDERED_> struct sm90_bwd_conf
     using tile = fs_sm90_bwd_tile<D_>;
     static constexpr int D = D_, DS = sm90_bwd_stored_dim(D_), BR = tile::BR, BC = tile::BC, STAGES = tile::STAGES;
     static constexpr int NWG = 2, THREADS = 384;
-    static constexpr bool CAUSAL = CAUSAL_, ORDERED = ORDERED_, STAGED = tile::DQ_STAGED && !ORDERED_;
+    static constexpr bool CAUSAL = CAUSAL_, ORDERED = ORDERED_;
+    static constexpr bool STAGED = !ORDERED_ && (tile::DQ_STAGED == 1 || (tile::DQ_STAGED == 2 && CAUSAL_));
     static constexpr int NQ = BR / 8; /* n8 column groups of S^T, dP^T (queries) */
     static constexpr int NO = D / 8;  /* ... of dV, dK (head dim) */
     /* the exponentials' L_i, D_i read ahead and unmasked tiles on a loop of their own: causal D = 128 only (H200, bf16,
@@ -64,7 +66,7 @@ template <int D> constexpr int sm90_bwd_smem()
 {
     using t = fs_sm90_bwd_tile<D>;
     constexpr int DS = sm90_bwd_stored_dim(D);
-    return (2 * t::BC * DS + 2 * t::STAGES * t::BR * DS + 2 * t::BC * t::BR) * 2 + t::DQ_STAGED * t::BR * DS * 4 +
+    return (2 * t::BC * DS + 2 * t::STAGES * t::BR * DS + 2 * t::BC * t::BR) * 2 + (t::DQ_STAGED > 0) * t::BR * DS * 4 +
            2 * t::STAGES * t::BR * 4 + (1 + 2 * t::STAGES) * 8 + 1024;
 }
 
@@ -87,7 +89,7 @@ template <class K> FS_DEV_T sm90_bwd_shared<typename K::T> sm90_bwd_carve(unsign
     sh.sdO = sh.sQ + STAGES * BR * D;
     sh.sdS = sh.sdO + STAGES * BR * D;
     sh.sdQ = reinterpret_cast<float *>(sh.sdS + 2 * BC * BR); /* 1024-byte aligned: every buffer before is */
-    sh.sL = sh.sdQ + K::tile::DQ_STAGED * BR * D;
+    sh.sL = sh.sdQ + (K::tile::DQ_STAGED > 0) * BR * D;
     sh.sD = sh.sL + STAGES * BR;
     sh.kv_full = reinterpret_cast<uint64_t *>(sh.sD + STAGES * BR);
     sh.full = sh.kv_full + 1;
