@@ -10,11 +10,12 @@
 #include "common/wgmma.cuh"
 
 /* ---- tile configuration, one place: per head dim the query tile Br a step streams, the key block Bc a block owns
- * (two consumer warpgroups of 64 keys), the Q/dO ring's stages, the registers setmaxnreg gives a consumer thread
- * (the producer warpgroup keeps 24) and whether dQ_i is staged in shared memory for a writer warp's TMA reductions
- * (else float4 atomics from the consumers' registers; deterministic runs always take the atomics; 2: causal runs only,
- * for D = 80 non-causal staged had ptxas serialize its wgmmas for want of registers: 1,160 -> 1,490 us). D = 128 takes Br = 64: dV and dK alone hold 128 of a thread's registers; D = 80
- * (the 2.7B LM's head dim) keeps D = 128's tiles and shared memory, its products spanning 80 columns ---- */
+ * (two consumer warpgroups of 64 keys), the Q/dO ring's stages, the registers setmaxnreg gives a consumer thread (the
+ * producer warpgroup keeps 24) and whether dQ_i is staged in shared memory for a writer warp's TMA reductions (else
+ * float4 atomics from the consumers' registers; deterministic runs always take the atomics; 2: causal runs only, as
+ * D = 80 non-causal staged had ptxas serialize its wgmmas for want of registers: 1,160 -> 1,490 us). D = 128 takes
+ * Br = 64: dV and dK alone hold 128 of a thread's registers; D = 80 (the 2.7B LM's head dim) keeps D = 128's tiles and
+ * shared memory, its products spanning 80 columns ---- */
 template <int D> struct fs_sm90_bwd_tile;
 /*                                        BR   BC   STAGES  REGS  DQ_STAGED */
 template <> struct fs_sm90_bwd_tile<64>  { enum { BR = 128, BC = 128, STAGES = 2, REGS = 240, DQ_STAGED = 1 }; };
@@ -60,7 +61,7 @@ typedef struct {
 
 /* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two
  * buffers of dS^T (64-query panels of Bc rows, as dQ's MN-major A), dQ_i's float32 staging where the tile stages it
- * (boxes of 32 columns by Br rows, 128-byte swizzle), STAGES buffers of L_i log2 e and D_i, the mbarriers; plus 1 KiB
+ * (boxes of 32 columns by 64 rows, 128-byte swizzle), STAGES buffers of L_i log2 e and D_i, the mbarriers; plus 1 KiB
  * alignment slack */
 template <int D> constexpr int sm90_bwd_smem()
 {

@@ -22,7 +22,7 @@ from flashsci.bench.results import slug, write_plot, write_results
 from flashsci.bench.timing import event_turns_us, flops
 
 SWEEP = [(16384 // s, 2048 // d, s, d) for d in (64, 128) for s in (512, 1024, 2048, 4096, 8192)]
-PROTEIN = [("ESM2-3B", (8, 40, 1024, 64)), ("ProtT5-XL", (8, 32, 1024, 128))]
+PROTEIN = [("ESM2-3B", (8, 40, 1024, 64)), ("ESM-C-600M", (8, 18, 1024, 64)), ("ProtT5-XL", (8, 32, 1024, 128))]
 
 
 def backward_sets(torch, b, h, s, d, dtype, causal, backends, n_sets=2):
