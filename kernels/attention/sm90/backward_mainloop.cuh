@@ -60,6 +60,17 @@ FS_DEV void bwd_dq_free_wait(int cw)
     if (cw) asm volatile("bar.sync 11, 160;\n" ::: "memory");
     else asm volatile("bar.sync 10, 160;\n" ::: "memory");
 }
+/* ... and the writer's side of the same two barriers. */
+FS_DEV void bwd_dq_staged_wait(int cw)
+{
+    if (cw) asm volatile("bar.sync 9, 160;\n" ::: "memory");
+    else asm volatile("bar.sync 8, 160;\n" ::: "memory");
+}
+FS_DEV void bwd_dq_free(int cw)
+{
+    if (cw) asm volatile("bar.arrive 11, 160;\n" ::: "memory");
+    else asm volatile("bar.arrive 10, 160;\n" ::: "memory");
+}
 
 /* dQ share c (0, 1) of consumer warpgroup cw in the staging: boxes of 32 columns x 64 rows (8 KiB), the warpgroup's
  * two after each other; its origin in the tile: D = 64 rows 64 cw, columns 32 c; D = 128 rows 0, columns 64 cw + 32 c. */
@@ -82,8 +93,7 @@ FS_DEV_T void sm90_bwd_dq_writer(const sm90_bwd_shared<typename K::T> &sh, const
         for (int i = 0; i < blk.n_q; i++, it++, row += K::BR)
 #pragma unroll
             for (int cw = 0; cw < 2; cw++) {
-                if (cw) asm volatile("bar.sync 9, 160;\n" ::: "memory");
-                else asm volatile("bar.sync 8, 160;\n" ::: "memory");
+                bwd_dq_staged_wait(cw);
                 if (lane == 0) {
 #pragma unroll
                     for (int c = 0; c < 2; c++)
@@ -94,10 +104,7 @@ FS_DEV_T void sm90_bwd_dq_writer(const sm90_bwd_shared<typename K::T> &sh, const
                     bulk_wait_read();
                 }
                 __syncwarp();
-                if (it < last) {
-                    if (cw) asm volatile("bar.arrive 11, 160;\n" ::: "memory");
-                    else asm volatile("bar.arrive 10, 160;\n" ::: "memory");
-                }
+                if (it < last) bwd_dq_free(cw);
             }
     if (lane == 0) bulk_wait();
 }
