@@ -3,8 +3,8 @@
 - sweep: B * S = 16384, H * D = 2048, D = 64 and 128, causal and not: flashsci.attention_backward (and its
   deterministic=True run, against the default) against the backward of SDPA's FlashAttention-2 backend and of its cuDNN
   backend (torch.autograd.grad of an output whose forward ran on that backend, retain_graph, so the backward alone is
-  timed); the protein shapes ESM2-3B (8, 40, 1024, 64) and ProtT5-XL (8, 32, 1024, 128) likewise; and one training
-  step's attention (forward + backward) against SDPA's cuDNN backend.
+  timed); the protein shapes ESM2-3B (8, 40, 1024, 64), ESM-C-600M (8, 18, 1024, 64) and ProtT5-XL (8, 32, 1024, 128)
+  likewise; and one training step's attention (forward + backward) against SDPA's cuDNN backend.
 - varlen: ESM2-3B heads on 16k-token batches of real UniProt lengths (random order): attention_varlen_backward on the
   packed batch against SDPA's backward on the same batch padded, with the key padding mask, and (torch 2.10+) against
   the backward of torch's varlen_attn on the packed batch (FlashAttention-2's varlen kernels), each in its own pair.
