@@ -48,6 +48,12 @@ def backward_cases():
     t5 = (torch.randn(4, 32, device=dev), 32, 128, True)
     out, lse = flashsci.attention(q, k, v, t5_bias=t5, return_lse=True)
     flashsci.attention_backward(torch.randn_like(out), q, k, v, out, lse, t5_bias=t5, t5_grad=True, deterministic=True)
+    flashsci.attention_backward(torch.randn_like(out), q, k, v, out, lse, t5_bias=t5, t5_grad=True)  # Hopper: sm90 T5
+    qt, kt = (torch.randn(2, 4, n, 128, device=dev, dtype=f16) for n in (700, 1000))  # tiles outside the span
+    kpm = torch.rand(2, 1000, device=dev) < 0.8
+    out, lse = flashsci.attention(qt, kt, kt, t5_bias=t5, key_padding_mask=kpm, return_lse=True)
+    flashsci.attention_backward(torch.randn_like(out), qt, kt, kt, out, lse, t5_bias=t5, key_padding_mask=kpm,
+                                t5_grad=True)
     for d in (128, 112):
         qp, kp, vp = (torch.randn(500, 4, d, device=dev, dtype=f16) for _ in range(3))
         cu = torch.tensor([0, 1, 1, 200, 500], dtype=torch.int32, device=dev)

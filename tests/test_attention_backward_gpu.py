@@ -182,17 +182,19 @@ def test_kernel_choice(kernel):
 
 def test_main_kernel_by_device():
     """On Hopper (a 90a build) the wgmma main kernel runs a plain D = 64 backward, D = 80 on its own instantiation
-    without padded copies, D = 96 on the D = 128 one without copies and D = 72 padded to 128, the portable one when forced and for an additive bias; elsewhere always the
-    portable one (kernel names from the profiler)."""
+    without padded copies, D = 96 on the D = 128 one without copies, D = 72 padded to 128, the T5 bias with and without
+    its table's gradient; the portable one when forced, for an additive bias and for the T5 bias when causal or
+    deterministic; elsewhere always the portable one (kernel names from the profiler)."""
     from flashsci.profile.trace import capture
     hopper = torch.cuda.get_device_capability()[0] == 9 and "90a" in flashsci.build_info()["cuda_architectures"]
 
-    def kernels(kernel, d=64, **kw):
+    def kernels(kernel, d=64, deterministic=False, t5_grad=False, **kw):
         q, k, v, dout = (rand(2, 4, 256, d) for _ in range(4))
         out, lse = flashsci.attention(q, k, v, return_lse=True, **kw)
         flashsci._flashsci._set_attention_kernel(kernel)
         try:
-            _, trace = capture(lambda: flashsci.attention_backward(dout, q, k, v, out, lse, **kw))
+            _, trace = capture(lambda: flashsci.attention_backward(dout, q, k, v, out, lse, deterministic=deterministic,
+                                                                   t5_grad=t5_grad, **kw))
         finally:
             flashsci._flashsci._set_attention_kernel("auto")
         return " ".join(x["name"] for x in trace.kernels)
@@ -206,6 +208,11 @@ def test_main_kernel_by_device():
     assert ("attention_bwd_sm90<128" in d96) == hopper and ("head_copy" in d96) != hopper
     d72 = kernels("auto", d=72, causal=True)
     assert ("attention_bwd_sm90<128" in d72) == hopper and "head_copy" in d72
+    t5 = (torch.randn(4, 32, device="cuda"), 32, 128, True)
+    assert ("attention_bwd_sm90<64" in kernels("auto", t5_bias=t5)) == hopper
+    assert ("attention_bwd_sm90<64" in kernels("auto", t5_bias=t5, t5_grad=True)) == hopper
+    for names in (kernels("auto", t5_bias=t5, causal=True), kernels("auto", t5_bias=t5, deterministic=True)):
+        assert "attention_bwd_sm80" in names and "attention_bwd_sm90" not in names
     for names in (kernels("sm80"), kernels("auto", bias=torch.randn(256, 256, device="cuda"))):
         assert "attention_bwd_sm80" in names and "attention_bwd_sm90" not in names
 
@@ -407,9 +414,10 @@ def test_deterministic_grouped_and_packed(d):
     check(first, ref, theirs, "deterministic varlen causal")
 
 
-def bias_t5_grads(fn, q, k, v, dout, bias=None, table=None, dtype=None, **kw):
+def bias_t5_grads(fn, q, k, v, dout, bias=None, table=None, dtype=None, md=128, bidir=True, **kw):
     """Gradients of sum(fn(...) * dout) with respect to the bias and the T5 table (leaves in their own dtype; the
-    attention's additive term is bias + t5_dense(table), cast to `dtype` when given)."""
+    attention's additive term is bias + t5_dense(table, max_distance md, bidirectional bidir), cast to `dtype` when
+    given)."""
     leaves, add = [], None
     if bias is not None:
         bias = bias.detach().requires_grad_()
@@ -418,7 +426,7 @@ def bias_t5_grads(fn, q, k, v, dout, bias=None, table=None, dtype=None, **kw):
     if table is not None:
         table = table.detach().requires_grad_()
         leaves.append(table)
-        t5 = t5_dense(table, q.shape[2], k.shape[2], table.shape[1], 128, True)
+        t5 = t5_dense(table, q.shape[2], k.shape[2], table.shape[1], md, bidir)
         add = t5 if add is None else add + t5
     if dtype is not None:
         add = add.to(dtype)
@@ -454,24 +462,27 @@ def test_bias_grad(shape, bias_dtype):
     assert torch.equal(again[3], res[3])   # deterministic
 
 
-@pytest.mark.parametrize("d", [64, 128])
-def test_t5_grad(d):
-    """The T5 table's gradient (H, buckets) float32 against autograd through HF's bucket function; padded and packed."""
+@pytest.mark.parametrize("d,causal", [(64, False), (128, False), (128, True)])
+def test_t5_grad(d, causal):
+    """The T5 table's gradient (H, buckets) float32 against autograd through HF's bucket function; padded and packed
+    (on Hopper non-causal runs take the wgmma kernel, causal ones the portable one)."""
     b, h, s = 2, 4, 333
     q, k, v, dout = (rand(b, h, s, d, dtype=torch.bfloat16) for _ in range(4))
     table = torch.randn(h, 32, device="cuda")
-    kw = dict(t5_bias=(table, 32, 128, True), scale=1.0, causal=d == 128)
+    kw = dict(t5_bias=(table, 32, 128, True), scale=1.0, causal=causal)
     out, lse = flashsci.attention(q, k, v, return_lse=True, **kw)
     dq, dk, dv, dtable = flashsci.attention_backward(dout, q, k, v, out, lse, t5_grad=True, **kw)
     assert dtable.shape == (h, 32) and dtable.dtype == torch.float32
-    keep = causal_keep(s, s) if d == 128 else None
+    keep = causal_keep(s, s) if causal else None
     (ref,) = bias_t5_grads(attention64, q.double(), k.double(), v.double(), dout.double(), table=table.double(),
                            scale=1.0, keep=keep)
     (theirs,) = bias_t5_grads(attention_lowp, q, k, v, dout, table=table, dtype=q.dtype, scale=1.0, keep=keep)
     err, torch_err = (dtable.double() - ref).abs().max().item(), (theirs.double() - ref).abs().max().item()
     assert err <= 2 * torch_err, (err, torch_err)
-    again = flashsci.attention_backward(dout, q, k, v, out, lse, t5_grad=True, **kw)
-    assert all(torch.equal(x, y) for x, y in zip(again, (dq, dk, dv, dtable)))   # the dQ kernel runs: deterministic
+    first = flashsci.attention_backward(dout, q, k, v, out, lse, t5_grad=True, deterministic=True, **kw)
+    again = flashsci.attention_backward(dout, q, k, v, out, lse, t5_grad=True, deterministic=True, **kw)
+    assert all(torch.equal(x, y) for x, y in zip(again, first))
+    assert (first[3].double() - ref).abs().max().item() <= 2 * torch_err
     # packed: the sum of each sequence's own gradient
     lengths = [1, 200, 0, 133]
     cu, (pq, pk, pv) = pack(lengths, h, d, torch.bfloat16)
@@ -484,8 +495,40 @@ def test_t5_grad(d):
         if e > a:
             x = [y[a:e].transpose(0, 1)[None] for y in (pq, pk, pv, pdo)]
             ref += bias_t5_grads(attention64, *(y.double() for y in x), table=table.double(), scale=1.0,
-                                 keep=causal_keep(e - a, e - a) if d == 128 else None)[0]
+                                 keep=causal_keep(e - a, e - a) if causal else None)[0]
     assert (dtable.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_t5_grad_options(d, dtype):
+    """The T5 bias and its table's gradient with the other options (on Hopper the wgmma kernel): Sq != Sk over 1,000
+    keys (tiles wholly before, inside and after the table's span of positions), a key padding mask, seqlens, rotary,
+    unidirectional buckets, max_distance 40."""
+    b, h, sq, sk = 2, 4, 700, 1100
+    q, dout = (rand(b, h, sq, d, dtype=dtype) for _ in range(2))
+    k, v = (rand(b, h, sk, d, dtype=dtype) for _ in range(2))
+    table = torch.randn(h, 32, device="cuda")
+    kpm = torch.rand(b, sk, device="cuda") < 0.8
+    keep = kpm[:, None, None, :].expand(b, 1, sq, sk)
+    for bidir, md, opts, ref_kw in [(True, 128, dict(key_padding_mask=kpm), dict(keep=keep)),
+                                    (False, 40, dict(rotary=True), dict(rotary=10000.0))]:
+        kw = dict(t5_bias=(table, 32, md, bidir), scale=d ** -0.5, **opts)
+        out, lse = flashsci.attention(q, k, v, return_lse=True, **kw)
+        grads_ = flashsci.attention_backward(dout, q, k, v, out, lse, t5_grad=True, **kw)
+        add = t5_dense(table, sq, sk, 32, md, bidir)
+        ref = grads(attention64, *(x.double() for x in (q, k, v)), dout.double(), scale=d ** -0.5,
+                    add=add.double(), **ref_kw)
+        theirs = grads(attention_lowp, q, k, v, dout, scale=d ** -0.5, add=add, **ref_kw)
+        check(grads_[:3], ref, theirs, f"t5 {d} {dtype} {bidir} {md}")
+        t5_kw = dict(md=md, bidir=bidir, scale=d ** -0.5, **ref_kw)
+        (dref,) = bias_t5_grads(attention64, q.double(), k.double(), v.double(), dout.double(), table=table.double(),
+                                **t5_kw)
+        (dlow,) = bias_t5_grads(attention_lowp, q, k, v, dout, table=table, dtype=dtype, **t5_kw)
+        err, torch_err = (grads_[3].double() - dref).abs().max().item(), (dlow.double() - dref).abs().max().item()
+        assert err <= 2 * torch_err, (d, dtype, bidir, md, err, torch_err)
+    lens = torch.tensor([700, 333], dtype=torch.int32, device="cuda")
+    run_case(2, 4, 4, 700, 700, d, dtype, lens=lens, table=torch.randn(4, 32, device="cuda"))
 
 
 def test_unsupported_are_clear():

@@ -4,8 +4,10 @@
  * zero-padded copies (attention/head_copy.cu), which also rotate q and k and rotate dq back over the true head dim.
  * Workspace per call (stated in docs/api.md): 4 (Dp + 1) bytes per query row and head (dQ's float32 accumulator at the
  * kernels' head dim Dp, Delta), plus q and k rotated when the forward used rotary, plus 4 bytes per (batch, head, 64
- * queries, bucket) for the T5 gradient, plus (padded head dims) q, k, v, dO, dk and dv at Dp, plus (deterministic
- * runs on Hopper) 8 bytes per (batch, head, 64 queries) for the counters that order dQ's adds. */
+ * queries, bucket) for the T5 gradient (on Hopper 4 bytes per (batch, head, 128 keys, relative position: up to
+ * 2 max_distance + 1 of them) if that is more) and on Hopper each head's T5 table (up to 4 (2 max_distance + 385)
+ * bytes), plus (padded head dims) q, k, v, dO, dk and dv at Dp, plus (deterministic runs on Hopper) 8 bytes per (batch, head,
+ * 64 queries) for the counters that order dQ's adds. */
 #include "attention/head_copy.h"
 #include "attention/launchers.h"
 #include "attention/sm80/backward.h"
@@ -19,16 +21,20 @@ static size_t align256(size_t x)
 }
 
 /* The main kernels in g's dtype: the Hopper kernel where it may run and covers g (deterministic runs: its dQ adds
- * ordered by zeroed counters), else the portable ones (deterministic runs: the main kernel and the dQ kernel). */
-static cudaError_t run_kernels(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
+ * ordered by zeroed counters; the T5 gradient's runs: its delta pass first), else the portable ones (deterministic
+ * runs: the main kernel and the dQ kernel). Sets w->t5_hopper: whether t5_part holds the Hopper kernel's sums. */
+static cudaError_t run_kernels(const fs_attn_bwd_params *g, fs_bwd_work *w, int device, cudaStream_t stream)
 {
     if (w->sm90 && fs_sm90_backward_covers(g, w->rotary, w->rotary_dim)) {
-        const fs_sm90_bwd_work w90 = {w->dq_acc, w->delta, g->deterministic ? w->dq_order : NULL, w->rotary, w->rotary_base};
+        const fs_sm90_bwd_work w90 = {w->dq_acc, w->delta, g->deterministic ? w->dq_order : NULL, w->rotary,
+                                      w->rotary_base, w->t5_rows, g->dtable ? w->t5_part : NULL};
+        w->t5_hopper = 1;
         cudaError_t err = cudaSuccess;
         if (w90.dq_order) err = cudaMemsetAsync(w90.dq_order, 0, 4 * fs_sm90_order_ints(&g->p), stream);
         if (err != cudaSuccess) return err;
         return g->p.dtype == FS_BF16 ? fs_sm90_backward_bf16(g, &w90, device, stream) : fs_sm90_backward_fp16(g, &w90, device, stream);
     }
+    w->t5_hopper = 0;
     return g->p.dtype == FS_BF16 ? fs_sm80_backward_bf16(g, w, device, stream) : fs_sm80_backward_fp16(g, w, device, stream);
 }
 
@@ -119,6 +125,7 @@ static cudaError_t backward_padded(const fs_attn_bwd_params *g, fs_bwd_work *w, 
     for (int i = 0; i < 4 && err == cudaSuccess; i++) err = fs_head_copy_launch(&in[i], p->dtype, device, stream);
     if (err == cudaSuccess) err = fs_sm80_backward_pre(g, w, Dp, device, stream);
     if (err == cudaSuccess) err = run_kernels(&pg, &wk, device, stream);
+    w->t5_hopper = wk.t5_hopper;
     if (err == cudaSuccess) err = fs_head_copy_launch(&cq, p->dtype, device, stream);
     if (err == cudaSuccess) err = fs_head_copy_launch(&ck, p->dtype, device, stream);
     if (err == cudaSuccess) err = fs_head_copy_launch(&cv, p->dtype, device, stream);
@@ -143,8 +150,10 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     const size_t off_delta = FS_COUNTER_BYTES, off_acc = align256(off_delta + 4 * (size_t)w.rows);
     const size_t off_rot = align256(off_acc + 4 * (size_t)w.rows * Dp);
     const size_t off_t5 = align256(off_rot + (p->rotary && native ? fs_rotary_bytes(p) : 0));
-    const size_t t5_floats = g->dtable ? (size_t)p->B * p->H * ((p->Sq + 63) / 64) * p->t5_buckets : 0;
-    const size_t off_order = align256(off_t5 + 4 * t5_floats);
+    const size_t t5_q = (size_t)p->B * p->H * ((p->Sq + 63) / 64) * p->t5_buckets, t5_k = fs_sm90_bwd_t5_part_floats(p);
+    const size_t t5_floats = g->dtable ? (sm90 && t5_k > t5_q ? t5_k : t5_q) : 0;
+    const size_t off_t5_rows = align256(off_t5 + 4 * t5_floats);
+    const size_t off_order = align256(off_t5_rows + (sm90 && p->t5_table ? 4 * (size_t)p->H * fs_sm90_bwd_t5_row(p) : 0));
     const size_t bytes = off_order + (sm90 && g->deterministic ? 4 * fs_sm90_order_ints(p) : 0);
     char *ws = NULL;
     cudaError_t err = fs_workspace_get(device, stream, bytes, (void **)&ws);
@@ -152,6 +161,8 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     w.delta = (float *)(ws + off_delta);
     w.dq_acc = (float *)(ws + off_acc);
     w.t5_part = (float *)(ws + off_t5);
+    w.t5_rows = (float *)(ws + off_t5_rows);
+    w.t5_hopper = 0;
     w.dq_order = sm90 && g->deterministic ? (int *)(ws + off_order) : NULL;
     if (native) {
         fs_attn_bwd_params kg = *g; /* the kernels' view: q and k rotated, rotary off */
@@ -162,7 +173,9 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     } else {
         err = backward_padded(g, &w, Dp, device, stream);
     }
-    if (err == cudaSuccess && g->dtable) err = fs_sm80_backward_t5_sum(g, w.t5_part, device, stream);
+    if (err == cudaSuccess && g->dtable)
+        err = w.t5_hopper ? fs_sm90_backward_t5_sum(g, w.t5_part, device, stream)
+                          : fs_sm80_backward_t5_sum(g, w.t5_part, device, stream);
     const cudaError_t rel = fs_workspace_release(stream, ws);
     return err != cudaSuccess ? err : rel;
 }

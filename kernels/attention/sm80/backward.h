@@ -15,7 +15,10 @@ typedef struct {
     float scale;       /* the softmax scale (dQ and dK are scaled by it) */
     int rotary;        /* rotate dq and dk back by rotary_base (the forward rotated q and k) */
     int rotary_dim;    /* ... over this many columns: the problem's own head dim (less than D in padded runs) */
-    float *t5_part;    /* T5 gradient: bucket sums per (b, h, query tile of 64) */
+    float *t5_part;    /* T5 gradient: bucket sums per (b, h, query tile of 64), or the Hopper kernel's sums by
+                        * relative position (fs_sm90_bwd_t5_part_floats) */
+    int t5_hopper;     /* set by the main kernels' launch: t5_part is the Hopper kernel's */
+    float *t5_rows;    /* the Hopper kernel's T5 tables (fs_sm90_bwd_t5_row floats a head) */
     float rotary_base;
     int sm90;          /* the Hopper main kernel may run (an sm_90 device, not forced to the portable one) */
     int *dq_order;     /* deterministic runs on the Hopper kernel: its dQ counters (fs_sm90_order_ints), or NULL */

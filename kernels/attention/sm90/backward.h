@@ -12,16 +12,26 @@
 typedef struct {
     float *dq_acc;      /* float32 rows of the data's head dim (the backward's fs_bwd_row), zeroed; the kernel adds column j
                          * at fs_dq_slot(j) */
-    const float *delta; /* rowsum(dO o O) per row */
+    float *delta;       /* rowsum(dO o O) per row; the T5 gradient's runs: rowsum(P o dP) by the delta pass */
     int *dq_order;      /* deterministic runs: fs_sm90_order_ints(g) zeroed ints (dQ's adds in key-block order); else NULL */
     int rotary;         /* dK rotated back by rotary_base (the forward rotated q and k over all D columns) */
     float rotary_base;
+    float *t5_rows;     /* the T5 bias: H fs_sm90_bwd_t5_row(p) floats, the tables as the kernel's blocks load them */
+    float *t5_part;     /* the T5 gradient's sums by relative position per (b, h, key block), or NULL */
 } fs_sm90_bwd_work;
 
 /* Whether the Hopper backward takes g (the kernels' view: q and k as read, rotary off; rotary: the forward rotated them
- * over rotary_dim columns) on an sm_90 device: built for 90a, fp16/bf16, D = 64, 80, 96, 112 or 128, causal or not, grouped-query
- * heads, packed sequences, seqlens, key padding masks, rotary over the whole head dim; not the bias or the T5 bias. */
+ * over rotary_dim columns) on an sm_90 device: built for 90a, fp16/bf16, D = 64, 80, 96, 112 or 128, causal or not,
+ * grouped-query heads, packed sequences, seqlens, key padding masks, rotary over the whole head dim, the T5 bias and
+ * its table's gradient (non-causal, not deterministic, no grouped heads, up to FS_SM90_BWD_T5_MAX relative positions);
+ * not the additive bias. */
 int fs_sm90_backward_covers(const fs_attn_bwd_params *g, int rotary, int rotary_dim);
+/* The floats of a head's T5 table as the kernel loads it (w->t5_rows holds H of them), and those of the gradient's
+ * sums by relative position per batch, head and key block (w->t5_part). */
+int fs_sm90_bwd_t5_row(const fs_attn_params *p);
+size_t fs_sm90_bwd_t5_part_floats(const fs_attn_params *p);
+/* g->dtable from the kernel's sums by position in part (backward_t5_sum.cu). */
+cudaError_t fs_sm90_backward_t5_sum(const fs_attn_bwd_params *g, const float *part, int device, cudaStream_t stream);
 /* The counters a deterministic run of g takes (w->dq_order). */
 size_t fs_sm90_order_ints(const fs_attn_params *p);
 /* dk, dv, and dQ added into w->dq_acc, for fp16 or bf16. */

@@ -1,12 +1,39 @@
 /* Hopper attention backward, host side: which problems its kernel takes (heuristics only: the kernel is in
  * backward_kernel.cuh, its launch in backward_launch.cuh). */
 #include "attention/sm90/backward.h"
+#include "attention/sm90/backward_tile.cuh"
 #include "attention/sm90/tensor_map.h"
 #include "attention/sm90/variants.h"
 
 size_t fs_sm90_order_ints(const fs_attn_params *p)
 {
     return (size_t)p->B * p->H * ((p->Sq + 63) / 64) * 2;
+}
+
+int fs_sm90_bwd_t5_row(const fs_attn_params *p)
+{
+    int lneg, n;
+    fs_t5_span(p, &lneg, &n);
+    return (n + 2 * FS_SM90_T5_PAD + 3) / 4 * 4;
+}
+
+
+size_t fs_sm90_bwd_t5_part_floats(const fs_attn_params *p)
+{
+    int lneg, n;
+    fs_t5_span(p, &lneg, &n);
+    return (size_t)p->B * p->H * ((p->Sk + 127) / 128) * n; /* the kernel's key blocks: Bc = 128 at every head dim */
+}
+
+/* Whether the kernel takes g's T5 bias: the instantiation with it is non-causal and keeps dQ's atomics, its blocks
+ * load one head's table and gradient rows (no grouped heads) of at most FS_SM90_BWD_T5_MAX positions. */
+static int t5_covered(const fs_attn_bwd_params *g)
+{
+    const fs_attn_params *p = &g->p;
+    int lneg, n;
+    fs_t5_span(p, &lneg, &n);
+    static_assert(fs_sm90_bwd_tile<64>::BC == 128 && fs_sm90_bwd_tile<128>::BC == 128, "fs_sm90_bwd_t5_part_floats");
+    return !p->causal && !g->deterministic && p->kv_group == 1 && n <= FS_SM90_BWD_T5_MAX;
 }
 
 int fs_sm90_backward_covers(const fs_attn_bwd_params *g, int rotary, int rotary_dim)
@@ -19,8 +46,8 @@ int fs_sm90_backward_covers(const fs_attn_bwd_params *g, int rotary, int rotary_
     sm90_extent(p, 1, &sq, &nb);
     sm90_extent(p, 0, &sk, &nb);
     return (p->dtype == FS_F16 || p->dtype == FS_BF16) && sm90_kernel_dim(p->D) && p->Sq > 0 && p->Sk > 0 &&
-           sq > 0 && sk > 0 && sq < INT32_MAX && sk < INT32_MAX && !p->bias && !p->t5_table && !p->rotary &&
-           (!rotary || rotary_dim == p->D) && !g->dtable && !g->dbias &&
+           sq > 0 && sk > 0 && sq < INT32_MAX && sk < INT32_MAX && !p->bias && (!p->t5_table || t5_covered(g)) &&
+           !p->rotary && (!rotary || rotary_dim == p->D) && !g->dbias &&
            sm90_strides_ok(sq, p->H, nb, p->q_ss, p->q_sh, p->q_sb) && sm90_strides_ok(sk, hkv, nb, p->k_ss, p->k_sh, p->k_sb) &&
            sm90_strides_ok(sk, hkv, nb, p->v_ss, p->v_sh, p->v_sb) && sm90_strides_ok(sq, p->H, nb, g->do_ss, g->do_sh, g->do_sb);
 #else

@@ -12,15 +12,15 @@
 #include "attention/sm90/backward_tile.cuh"
 #include "common/tma.cuh"
 
-template <int D, typename T, bool CAUSAL, bool ORDERED>
+template <int D, typename T, bool CAUSAL, bool ORDERED, bool T5, bool DELTA>
 __global__ void __launch_bounds__(384, 1)
 attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                    const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
                    const __grid_constant__ CUtensorMap map_dq, const fs_sm90_bwd_args a)
 {
 #ifdef FS_WGMMA
-    using K = sm90_bwd_config<D, T, CAUSAL, ORDERED>;
-    static_assert(128 * 24 + 256 * K::tile::REGS <= 65536,
+    using K = sm90_bwd_config<D, T, CAUSAL, ORDERED, T5, DELTA>;
+    static_assert(128 * K::PRODUCER_REGS + 256 * K::CONSUMER_REGS <= 168 * 384 && K::PRODUCER_REGS % 8 == 0,
                   "setmaxnreg: the warpgroups' registers fit the block's allocation");
     extern __shared__ unsigned char smem_raw[];
     const sm90_bwd_shared<T> sh = sm90_bwd_carve<K>(smem_raw);
@@ -35,12 +35,12 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     }
     __syncthreads();
     if (threadIdx.x < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(K::PRODUCER_REGS));
         if (threadIdx.x < 32) sm90_bwd_producer<K>(sh, map_q, map_k, map_v, map_do, a, blk, threadIdx.x);
         else if (K::STAGED && threadIdx.x < 64) sm90_bwd_dq_writer<K>(sh, map_dq, a, blk, threadIdx.x & 31);
         else if (K::ORDERED && threadIdx.x < 96) sm90_bwd_order_warp<K>(a, blk, (threadIdx.x >> 5) - 1, threadIdx.x & 31);
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"((int)K::tile::REGS));
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(K::CONSUMER_REGS));
         sm90_bwd_consumer<K>(sh, a, blk, (threadIdx.x >> 7) - 1);
     }
 #endif

@@ -9,12 +9,12 @@
 #include "attention/sm90/variants.h"
 #include "common/launch.cuh"
 
-/* One block per (key block, K/V head, batch). */
-template <int D, typename T, bool CAUSAL, bool ORDERED>
+/* One block per (key block, K/V head, batch); T5: each head's table expanded ahead of it; DELTA: the delta pass. */
+template <int D, typename T, bool CAUSAL, bool ORDERED, bool T5, bool DELTA = false>
 static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream)
 {
     using tile = fs_sm90_bwd_tile<D>;
-    constexpr int SMEM = sm90_bwd_smem<D>();
+    constexpr int SMEM = sm90_bwd_smem<D, T5>();
     static fs_kernel handle;
     const fs_attn_params *p = &g->p;
     fs_sm90_bwd_args a;
@@ -28,6 +28,14 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     a.rotary = w->rotary;
     a.rotary_base = w->rotary_base;
     a.n_kblocks = (p->Sk + tile::BC - 1) / tile::BC;
+    a.t5_rows = w->t5_rows;
+    a.t5_part = DELTA ? NULL : w->t5_part;
+    a.delta_out = DELTA ? w->delta : NULL;
+    a.t5_lneg = a.t5_n = a.t5_row = 0;
+    if (T5) {
+        fs_t5_span(p, &a.t5_lneg, &a.t5_n); /* t5_n <= FS_SM90_T5_MAX: fs_sm90_backward_covers */
+        a.t5_row = fs_sm90_bwd_t5_row(p);
+    }
     const int hkv = fs_kv_heads(p), bf16 = p->dtype == FS_BF16;
     const long long blocks = (long long)a.n_kblocks * hkv * p->B;
     /* causal sections: the K/V heads whose q, k, v, dO and dQ accumulator take at most 24 MiB (per K/V head: its
@@ -44,37 +52,51 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, hkv, nb, p->D, p->k_ss, p->k_sh, p->k_sb, tile::BC);
     if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, hkv, nb, p->D, p->v_ss, p->v_sh, p->v_sb, tile::BC);
     if (err == cudaSuccess) err = sm90_map(&mdo, g->dout, bf16, sq, p->H, nb, p->D, g->do_ss, g->do_sh, g->do_sb, tile::BR);
-    if (sm90_bwd_config<D, T, CAUSAL, ORDERED>::STAGED && err == cudaSuccess) {
+    if (sm90_bwd_config<D, T, CAUSAL, ORDERED, T5, DELTA>::STAGED && err == cudaSuccess) {
         /* the dQ accumulator as rows of D floats (staged dQ's TMA reductions; their row coordinates are int32) */
         const int64_t rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
         err = rows > 0x7fffffffLL ? cudaErrorInvalidConfiguration
                                   : fs_make_tensor_map_f32(&mdq, w->dq_acc, p->D, rows, 4 * (cuuint64_t)p->D, 64);
     }
-    if (err == cudaSuccess) err = fs_kernel_prepare((const void *)attention_bwd_sm90<D, T, CAUSAL, ORDERED>, &handle, SMEM, device);
+    if (T5 && (DELTA || !w->t5_part) && err == cudaSuccess) /* once: the delta pass runs first with the same tables */
+        err = fs_sm90_t5_expand(p, a.t5_lneg, a.t5_n, a.t5_row, FS_LOG2E, w->t5_rows, device, stream);
+    if (DELTA && err == cudaSuccess) /* rowsum(P o dP) replaces the pre-pass's rowsum(dO o O) */
+        err = cudaMemsetAsync(w->delta, 0, 4 * (size_t)p->H * (p->cu_seqlens_q ? p->total_q : (size_t)p->B * p->Sq), stream);
+    if (err == cudaSuccess)
+        err = fs_kernel_prepare((const void *)attention_bwd_sm90<D, T, CAUSAL, ORDERED, T5, DELTA>, &handle, SMEM, device);
     void *args[] = {&mq, &mk, &mv, &mdo, &mdq, &a};
     if (err == cudaSuccess) err = fs_launch(&handle, device, (unsigned)blocks, 384, SMEM, stream, args);
     return err;
 }
 
-/* The instantiation for g: head dim, causal, dQ's adds ordered (deterministic) or not. */
+/* The instantiation for g: head dim, causal, dQ's adds ordered (deterministic) or not, the T5 bias (non-causal, not
+ * ordered: fs_sm90_backward_covers). */
 template <int D, typename T>
 static cudaError_t bwd90_launch_d(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream)
 {
     const bool ordered = w->dq_order != NULL;
+    if (g->p.t5_table && w->t5_part) { /* the table's gradient: D_i = rowsum(P o dP) by the delta pass first */
+        cudaError_t err = bwd90_launch<D, T, false, false, true, true>(g, w, device, stream);
+        return err != cudaSuccess ? err : bwd90_launch<D, T, false, false, true>(g, w, device, stream);
+    }
+    if (g->p.t5_table) return bwd90_launch<D, T, false, false, true>(g, w, device, stream);
     if (g->p.causal)
-        return ordered ? bwd90_launch<D, T, true, true>(g, w, device, stream) : bwd90_launch<D, T, true, false>(g, w, device, stream);
-    return ordered ? bwd90_launch<D, T, false, true>(g, w, device, stream) : bwd90_launch<D, T, false, false>(g, w, device, stream);
+        return ordered ? bwd90_launch<D, T, true, true, false>(g, w, device, stream)
+                       : bwd90_launch<D, T, true, false, false>(g, w, device, stream);
+    return ordered ? bwd90_launch<D, T, false, true, false>(g, w, device, stream)
+                   : bwd90_launch<D, T, false, false, false>(g, w, device, stream);
 }
 
 template <typename T>
 static cudaError_t bwd90_launch_dtype(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream)
 {
     /* D = 80 (the 2.7B LM's head dim) on its own kernel, products over 80 columns and shared memory as at 128: 8-14%
-     * less time than the D = 128 kernel reading 80 columns (from 2048 tokens); deterministic runs stay there (the
-     * ordered instantiation at 80 has its wgmmas serialized for want of registers). 96, 112 on the D = 128 kernel,
-     * zeros past their columns */
-    if (g->p.D == 80 && !w->dq_order)
-        return g->p.causal ? bwd90_launch<80, T, true, false>(g, w, device, stream) : bwd90_launch<80, T, false, false>(g, w, device, stream);
+     * less time than the D = 128 kernel reading 80 columns (from 2048 tokens); deterministic runs and the T5 bias's
+     * stay there (the ordered instantiation at 80 has its wgmmas serialized for want of registers). 96, 112 on the
+     * D = 128 kernel, zeros past their columns */
+    if (g->p.D == 80 && !w->dq_order && !g->p.t5_table)
+        return g->p.causal ? bwd90_launch<80, T, true, false, false>(g, w, device, stream)
+                           : bwd90_launch<80, T, false, false, false>(g, w, device, stream);
     switch (sm90_kernel_dim(g->p.D)) {
     case 64: return bwd90_launch_d<64, T>(g, w, device, stream);
     case 128: return bwd90_launch_d<128, T>(g, w, device, stream);

@@ -2,8 +2,9 @@
  * K_j, V_j (in shared memory for the whole block) and keeps their dV and dK in registers. Per query tile, in log2 units
  * (c = scale log2 e; L_i the forward's logsumexp, D_i = rowsum(dO_i o O_i)):
  *   S^T  = K_j Q_i^T, dP^T = V_j dO_i^T      (wgmma, both operands in shared memory, K-major)
- *   P^T  = exp2(S^T c - L_i log2 e)           (0 where masked: causal key > query, keys past the sequence, padded keys)
- *   dS^T = P^T o (dP^T - D_i)
+ *   P^T  = exp2(S^T c + B^T - L_i log2 e)     (0 where masked: causal key > query, keys past the sequence, padded keys;
+ *                                             B the T5 bias, log2 units, in T5 kernels: backward_t5.cuh)
+ *   dS^T = P^T o (dP^T - D_i)                 (T5 kernels: summed by relative position for the table's gradient)
  *   dV_j += P^T dO_i, dK_j += dS^T Q_i        (wgmma, P^T and dS^T from registers, dO_i and Q_i MN-major)
  *   dQ_i += dS K_j                            (dS^T through shared memory as an MN-major A; both warpgroups' keys)
  * dQ_i goes to the float32 accumulator, its rows permuted (fs_dq_slot): where the tile stages it (K::STAGED), each
@@ -18,60 +19,14 @@
 #include <type_traits>
 
 #include "attention/rotary/rotary.cuh"
+#include "attention/sm90/backward_barriers.cuh"
 #include "attention/sm90/backward_producer.cuh"
+#include "attention/sm90/backward_t5.cuh"
 #include "attention/sm90/backward_tile.cuh"
 #include "attention/sm90/softmax.cuh"
 #include "common/tma.cuh"
 
 #ifdef FS_WGMMA
-/* Both consumer warpgroups (256 threads) at named barrier 1: each one's dS^T is in shared memory. */
-FS_DEV void bwd_consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
-/* Named barriers 2, 3 order the warpgroups' S^T and dP^T issues (warpgroup cw waits at 2 + cw for the other's pass): the
- * tensor cores run the first warpgroup's pair ahead of the second's, so one's P^T and dS^T overlap the other's GEMMs
- * rather than both waiting on products issued together. */
-FS_DEV void bwd_turn_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + cw) : "memory"); }
-FS_DEV void bwd_turn_pass(int cw) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + (cw ^ 1)) : "memory"); }
-/* Deterministic dQ: consumer warpgroup cw and its order warp (warp 1 + cw of the producer warpgroup) meet at named
- * barrier 4 + cw before the warpgroup's adds (the order warp has seen the key blocks before this one count themselves
- * on the tile) and at 6 + cw after them (the order warp then counts this block). bar.sync orders the adds against the
- * order warp's acquire load and release add at the GPU's scope; the waits and the release's latency stay off the
- * consumers' path. */
-FS_DEV void bwd_order_go(int cw)
-{
-    if (cw) asm volatile("bar.sync 5, 160;\n" ::: "memory"); /* immediate ids: no register held across the step */
-    else asm volatile("bar.sync 4, 160;\n" ::: "memory");
-}
-FS_DEV void bwd_order_added(int cw)
-{
-    if (cw) asm volatile("bar.sync 7, 160;\n" ::: "memory");
-    else asm volatile("bar.sync 6, 160;\n" ::: "memory");
-}
-
-/* Staged dQ: consumer warpgroup cw and the writer warp (warp 1 of the producer warpgroup) meet at named barrier 8 + cw
- * once the warpgroup's share is in shared memory (it arrives, the writer waits) and at 10 + cw once the writer's
- * reductions have read it (the writer arrives, the warpgroup waits before its next share). */
-FS_DEV void bwd_dq_staged(int cw)
-{
-    if (cw) asm volatile("bar.arrive 9, 160;\n" ::: "memory");
-    else asm volatile("bar.arrive 8, 160;\n" ::: "memory");
-}
-FS_DEV void bwd_dq_free_wait(int cw)
-{
-    if (cw) asm volatile("bar.sync 11, 160;\n" ::: "memory");
-    else asm volatile("bar.sync 10, 160;\n" ::: "memory");
-}
-/* ... and the writer's side of the same two barriers. */
-FS_DEV void bwd_dq_staged_wait(int cw)
-{
-    if (cw) asm volatile("bar.sync 9, 160;\n" ::: "memory");
-    else asm volatile("bar.sync 8, 160;\n" ::: "memory");
-}
-FS_DEV void bwd_dq_free(int cw)
-{
-    if (cw) asm volatile("bar.arrive 11, 160;\n" ::: "memory");
-    else asm volatile("bar.arrive 10, 160;\n" ::: "memory");
-}
-
 /* dQ share c (0, 1) of consumer warpgroup cw in the staging: boxes of 32 columns x 64 rows (8 KiB), the warpgroup's
  * two after each other; its origin in the tile: D = 64 rows 64 cw, columns 32 c; D = 128 rows 0, columns 64 cw + 32 c. */
 template <int D> FS_DEV_T int bwd_dq_box_row(int cw) { return D == 64 ? 64 * cw : 0; }
@@ -179,6 +134,11 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
     float dv[NO * 4], dk[NO * 4];
 #pragma unroll
     for (int i = 0; i < NO * 4; i++) dv[i] = dk[i] = 0.f;
+    const bool t5_grad = K::T5 && a.t5_part;
+    if (t5_grad) {
+        bwd_t5_zero(sh.t5_grad, threadIdx.x - 128);
+        bwd_consumers_sync();
+    }
     mbar_wait(sh.kv_full, 0);
     if (cw == 1 && blk.n_iter > 0) bwd_turn_pass(cw); /* warpgroup 0 issues first */
     int s = 0, phase = 0;
@@ -206,12 +166,16 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         wgmma_commit();
         bwd_turn_pass(cw);
 
-        /* P^T = exp2(S^T c - L_i log2 e) while dP^T lands; element (n, r, c): key key0 + 8r, query q0 + 8n + 2 t4 + c.
-         * K::EXP_AHEAD: L_i's and D_i's first values read ahead of the waits (a wait's memory clobber keeps loads
-         * behind it) and the unmasked tiles' loop apart from the masked ones' (sm90_bwd_config) */
+        /* P^T = exp2(S^T c + B^T - L_i log2 e) while dP^T lands (B: the T5 bias in log2 units, T5 kernels); element
+         * (n, r, c): key key0 + 8r, query q0 + 8n + 2 t4 + c. K::EXP_AHEAD: L_i's and D_i's first values read ahead of
+         * the waits (a wait's memory clobber keeps loads behind it) and the unmasked tiles' loop apart from the masked
+         * ones' (sm90_bwd_config) */
         const float *L = sh.sL + s * BR, *Di = sh.sD + s * BR;
         const bool masked = (K::CAUSAL && blk.k0 + cw * 64 + 63 > q0) || blk.k0 + BC > k_len || dropped;
         constexpr int AHEAD = K::EXP_AHEAD ? 4 : 0;
+        bool t5_inside = false;
+        const int t5_at = K::T5 ? bwd_t5_index<NQ>(a, blk.k0 + cw * 64, q0, key0, t4, t5_inside) : 0;
+        const float *t5 = sh.t5_bias + t5_at;
         float2 l_ahead[AHEAD + 1];
 #pragma unroll
         for (int n = 0; n < AHEAD; n++) l_ahead[n] = *reinterpret_cast<const float2 *>(L + 8 * n + 2 * t4);
@@ -225,7 +189,8 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
                         float &x = st[4 * n + 2 * r + c];
-                        x = exp2_approx(fmaf(x, a.scale_log2, -(c ? l2.y : l2.x)));
+                        const float l = c ? l2.y : l2.x;
+                        x = exp2_approx(fmaf(x, a.scale_log2, K::T5 ? t5[-8 * (n - r) - c] - l : -l));
                         if (with_mask) {
                             const int key = key0 + 8 * r, query = q0 + 8 * n + 2 * t4 + c;
                             if (key >= k_len || (K::CAUSAL && key > query) || !kept[r]) x = 0.f;
@@ -241,6 +206,13 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
 #pragma unroll
         for (int n = 0; n < AHEAD; n++) d_ahead[n] = *reinterpret_cast<const float2 *>(Di + 8 * n + 2 * t4);
         wgmma_wait<0>();
+        if constexpr (K::DELTA) { /* the delta pass: rowsum(P o dP), nothing else */
+            bwd_delta_step<K>(st, dp, reinterpret_cast<float *>(sh.sdS) + (it & 1) * 8 * BR,
+                              a.delta_out + fs_bwd_row(p, blk.b, h, blk.seq.qo, q0), q0, q_len, cw, threadIdx.x - 128);
+            mbar_arrive(&sh.empty[s]);
+            if (++s == STAGES) { s = 0; phase ^= 1; }
+            continue;
+        }
         /* dS^T = P^T o (dP^T - D_i) */
 #pragma unroll
         for (int n = 0; n < NQ; n++) {
@@ -254,6 +226,7 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         uint32_t pk[NQ][2], dsk[NQ][2];
         sm90_pack_p<NQ, T>(st, pk);
         sm90_pack_p<NQ, T>(dp, dsk);
+        if (t5_grad) bwd_t5_grad<NQ>(dp, sh.t5_grad, t5_at, t5_inside, t4, lane); /* no product in flight */
 
         /* dS^T into buffer it & 1 (the other warpgroup read the one before it ahead of the last barrier): panels of 64
          * queries, key rows of 128 bytes, 16-byte chunk x of row y at x ^ (y % 8). stmatrix: lane l addresses row l % 8
@@ -347,6 +320,8 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         if (++s == STAGES) { s = 0; phase ^= 1; }
     }
     if (cw == 0 && blk.n_iter > 0) bwd_turn_wait(cw); /* the last pass to warpgroup 0 taken (barrier counts balanced) */
+    if constexpr (K::DELTA) return;
+    if (t5_grad) bwd_t5_flush<K>(sh.t5_grad, a, blk, threadIdx.x - 128);
 
     /* dV_j and dK_j scaled (and rotated back over the data's head dim p.D: column c pairs with c + p.D / 2, both this
      * thread's), this thread's key rows key0, key0 + 8: inside the sequence, zeros past it in a padded batch (none for

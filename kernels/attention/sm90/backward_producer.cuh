@@ -62,9 +62,9 @@ template <class K> FS_DEV_T int sm90_bwd_q0(const sm90_bwd_block &blk, int it)
     return (blk.q_tile0 + (K::ORDERED && K::CAUSAL ? blk.n_q - 1 - i : i)) * K::BR;
 }
 
-/* The producer warp's whole work for its block (lane: its lane). Stage s is full once the TMA bytes of Q_i and dO_i
- * have landed and the 32 lanes have written L_i log2 e (+inf past the sequence and for rows with no key: P = 0) and D_i
- * (0 past the sequence). */
+/* The producer warp's whole work for its block (lane: its lane). K_j, V_j (and the T5 table) land on kv_full; stage s
+ * is full once the TMA bytes of Q_i and dO_i have landed and the 32 lanes have written L_i log2 e (+inf past the
+ * sequence and for rows with no key: P = 0) and D_i (0 past the sequence). */
 template <class K>
 FS_DEV_T void sm90_bwd_producer(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_q, const CUtensorMap &map_k,
                                 const CUtensorMap &map_v, const CUtensorMap &map_do, const fs_sm90_bwd_args &a,
@@ -73,11 +73,13 @@ FS_DEV_T void sm90_bwd_producer(const sm90_bwd_shared<typename K::T> &sh, const 
     constexpr int D = K::DS, BR = K::BR, BC = K::BC, STAGES = K::STAGES, HALVES = D / 64;
     const fs_attn_params &p = a.g.p;
     if (lane == 0) {
-        mbar_expect_tx(sh.kv_full, 2 * BC * D * 2);
+        mbar_expect_tx(sh.kv_full, 2 * BC * D * 2 + (K::T5 ? 4 * a.t5_row : 0));
         for (int c = 0; c < HALVES; c++) {
             tma_load_4d(sh.sK + c * BC * 64, &map_k, c * 64, (int)blk.seq.ko + blk.k0, blk.hkv, blk.tb, sh.kv_full);
             tma_load_4d(sh.sV + c * BC * 64, &map_v, c * 64, (int)blk.seq.ko + blk.k0, blk.hkv, blk.tb, sh.kv_full);
         }
+        /* T5 kernels: the head's table with them (no grouped heads: the block's query head is hkv) */
+        if (K::T5) bulk_load(sh.t5_bias, a.t5_rows + (int64_t)blk.hkv * a.t5_row, 4 * a.t5_row, sh.kv_full);
     }
     /* step it's L_i log2 e and D_i, this lane's rows lane + 32 e, loaded into registers a step ahead of their stores
      * (their latency hidden behind the wait for the stage) */
@@ -92,7 +94,7 @@ FS_DEV_T void sm90_bwd_producer(const sm90_bwd_shared<typename K::T> &sh, const 
             const int q = q0 + lane + 32 * e;
             const float l = q < blk.seq.q_len ? __ldg(lse + q) : -INFINITY;
             l2[e] = l == -INFINITY ? INFINITY : l * FS_LOG2E;
-            di[e] = q < blk.seq.q_len ? __ldg(delta + q) : 0.f;
+            di[e] = q < blk.seq.q_len && !K::DELTA ? __ldg(delta + q) : 0.f; /* the delta pass computes it */
         }
     };
     if (blk.n_iter > 0) load_stats(0);

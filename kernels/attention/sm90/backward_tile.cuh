@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "attention/params.h"
+#include "attention/sm90/tile.cuh"
 #include "common/wgmma.cuh"
 
 /* ---- tile configuration, one place: per head dim the query tile Br a step streams, the key block Bc a block owns
@@ -22,24 +23,42 @@ template <> struct fs_sm90_bwd_tile<64>  { enum { BR = 128, BC = 128, STAGES = 2
 template <> struct fs_sm90_bwd_tile<80>  { enum { BR = 64, BC = 128, STAGES = 2, REGS = 240, DQ_STAGED = 2 }; };
 template <> struct fs_sm90_bwd_tile<128> { enum { BR = 64, BC = 128, STAGES = 2, REGS = 240, DQ_STAGED = 1 }; };
 
+/* The T5 bias (non-causal kernels without grouped heads, fs_sm90_backward_covers): each block holds its head's table
+ * of relative positions -t5_lneg .. t5_n - 1 - t5_lneg (t5_n <= FS_SM90_BWD_T5_MAX) in log2 units, FS_SM90_T5_PAD
+ * entries each side repeating the ends (a row of t5_row floats, as the forward's: sm90_t5_expand), and its gradient
+ * by relative position in four copies of such a row, one per lane of a row's quad (no two lanes of a warp add into
+ * one address; rows FS_SM90_BWD_T5_GRAD_STRIDE apart), plus two floats (the paddings' sums). */
+#define FS_SM90_BWD_T5_MAX 1024
+#define FS_SM90_BWD_T5_ROW ((FS_SM90_BWD_T5_MAX + 2 * FS_SM90_T5_PAD + 3) / 4 * 4)
+#define FS_SM90_BWD_T5_GRAD_STRIDE (FS_SM90_BWD_T5_ROW + 10) /* = 10 mod 32: a warp's adds hit 32 banks */
+#define FS_SM90_BWD_T5_FLOATS (FS_SM90_BWD_T5_ROW + 4 * FS_SM90_BWD_T5_GRAD_STRIDE + 4)
+
 /* The columns a tile row holds in shared memory: boxes of 64 (D = 80 reads zeros past its columns into the second). */
 constexpr int sm90_bwd_stored_dim(int d) { return (d + 63) / 64 * 64; }
 
 /* The constants of one instantiation: the products span D columns, shared memory holds DS a row (ORDERED: deterministic
  * runs, each warpgroup's dQ added to a query tile after the key blocks before its own, by per-tile counters; causal
- * blocks then visit their query tiles last first). */
-template <int D_, typename T_, bool CAUSAL_, bool ORDERED_> struct sm90_bwd_config {
+ * blocks then visit their query tiles last first; T5: the T5 bias, backward_t5.cuh). */
+template <int D_, typename T_, bool CAUSAL_, bool ORDERED_, bool T5_, bool DELTA_> struct sm90_bwd_config {
     using T = T_;
     using tile = fs_sm90_bwd_tile<D_>;
     static constexpr int D = D_, DS = sm90_bwd_stored_dim(D_), BR = tile::BR, BC = tile::BC, STAGES = tile::STAGES;
     static constexpr int NWG = 2, THREADS = 384;
-    static constexpr bool CAUSAL = CAUSAL_, ORDERED = ORDERED_;
-    static constexpr bool STAGED = !ORDERED_ && (tile::DQ_STAGED == 1 || (tile::DQ_STAGED == 2 && CAUSAL_));
+    /* DELTA: the delta pass of the T5 gradient's runs, D_i = rowsum(P o dP) and nothing else (backward_t5.cuh) */
+    static constexpr bool CAUSAL = CAUSAL_, ORDERED = ORDERED_, T5 = T5_, DELTA = DELTA_;
+    static constexpr bool STAGED = !ORDERED_ && !DELTA_ && (tile::DQ_STAGED == 1 || (tile::DQ_STAGED == 2 && CAUSAL_));
     static constexpr int NQ = BR / 8; /* n8 column groups of S^T, dP^T (queries) */
     static constexpr int NO = D / 8;  /* ... of dV, dK (head dim) */
     /* the exponentials' L_i, D_i read ahead and unmasked tiles on a loop of their own: causal D = 128 only (H200, bf16,
      * 4 x 16 x 4096 x 128: 1,750 -> 1,640 us); elsewhere it cost 1-4% (the loop apart alone: no gain anywhere) */
     static constexpr bool EXP_AHEAD = CAUSAL_ && D_ == 128;
+    /* setmaxnreg: a consumer thread's registers and the producer warpgroup's, which share the 168 a thread of the
+     * block starts with: REGS and 24, but 232 and 40 for non-causal D = 64 outside deterministic runs, whose producer
+     * warpgroup spilled at 24 (H200, bf16: 2-4% faster; deterministic runs 1-3% slower at 232, causal ones 1-2%) */
+    static constexpr int CONSUMER_REGS = D_ == 64 && !CAUSAL_ && !ORDERED_ ? 232 : tile::REGS;
+    static constexpr int PRODUCER_REGS = (168 * 384 - 256 * CONSUMER_REGS) / 128;
+    /* the T5 region's floats in shared memory */
+    static constexpr int T5_FLOATS = T5_ ? FS_SM90_BWD_T5_FLOATS : 0;
 };
 
 
@@ -57,24 +76,32 @@ typedef struct {
     int *dq_order;       /* deterministic runs: per (batch, query head, query tile of Br, consumer warpgroup) the key
                           * blocks whose dQ share has been added, ((b H + h) order_tiles + tile) 2 + cw; zeroed */
     int order_tiles;     /* tiles of 64 queries per head (>= the tiles of Br) */
+    /* T5 kernels: each head's table in log2 units as shared memory holds it (t5_row floats a head, sm90_t5_expand) of
+     * relative positions -t5_lneg .. t5_n - 1 - t5_lneg; t5_part (NULL: no gradient) receives each block's gradient
+     * by position at ((b H + h) n_kblocks + key block) t5_n */
+    const float *t5_rows;
+    int t5_row, t5_lneg, t5_n;
+    float *t5_part;
+    float *delta_out;    /* the delta pass: rowsum(P o dP) added here, rows as delta's (zeroed) */
 } fs_sm90_bwd_args;
 
 /* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two
  * buffers of dS^T (64-query panels of Bc rows, as dQ's MN-major A), dQ_i's float32 staging where the tile stages it
- * (boxes of 32 columns by 64 rows, 128-byte swizzle), STAGES buffers of L_i log2 e and D_i, the mbarriers; plus 1 KiB
- * alignment slack */
-template <int D> constexpr int sm90_bwd_smem()
+ * (boxes of 32 columns by 64 rows, 128-byte swizzle), STAGES buffers of L_i log2 e and D_i, the T5 region (T5 kernels),
+ * the mbarriers; plus 1 KiB alignment slack */
+template <int D, bool T5> constexpr int sm90_bwd_smem()
 {
     using t = fs_sm90_bwd_tile<D>;
     constexpr int DS = sm90_bwd_stored_dim(D);
     return (2 * t::BC * DS + 2 * t::STAGES * t::BR * DS + 2 * t::BC * t::BR) * 2 + (t::DQ_STAGED > 0) * t::BR * DS * 4 +
-           2 * t::STAGES * t::BR * 4 + (1 + 2 * t::STAGES) * 8 + 1024;
+           2 * t::STAGES * t::BR * 4 + (T5 ? 4 * FS_SM90_BWD_T5_FLOATS : 0) + (1 + 2 * t::STAGES) * 8 + 1024;
 }
 
 #ifdef FS_WGMMA
 template <typename T> struct sm90_bwd_shared {
     T *sK, *sV, *sQ, *sdO, *sdS;
     float *sdQ, *sL, *sD;
+    float *t5_bias, *t5_grad; /* T5 kernels: the head's table, its gradient's four rows and the paddings' sums */
     uint64_t *kv_full, *full, *empty;
 };
 
@@ -92,7 +119,9 @@ template <class K> FS_DEV_T sm90_bwd_shared<typename K::T> sm90_bwd_carve(unsign
     sh.sdQ = reinterpret_cast<float *>(sh.sdS + 2 * BC * BR); /* 1024-byte aligned: every buffer before is */
     sh.sL = sh.sdQ + (K::tile::DQ_STAGED > 0) * BR * D;
     sh.sD = sh.sL + STAGES * BR;
-    sh.kv_full = reinterpret_cast<uint64_t *>(sh.sD + STAGES * BR);
+    sh.t5_bias = sh.sD + STAGES * BR; /* 16-byte aligned (bulk copies): Br is a multiple of 4 */
+    sh.t5_grad = sh.t5_bias + FS_SM90_BWD_T5_ROW;
+    sh.kv_full = reinterpret_cast<uint64_t *>(sh.t5_bias + K::T5_FLOATS);
     sh.full = sh.kv_full + 1;
     sh.empty = sh.full + STAGES;
     return sh;

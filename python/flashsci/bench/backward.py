@@ -5,6 +5,8 @@
   backend (torch.autograd.grad of an output whose forward ran on that backend, retain_graph, so the backward alone is
   timed); the protein shapes ESM2-3B (8, 40, 1024, 64), ESM-C-600M (8, 18, 1024, 64) and ProtT5-XL (8, 32, 1024, 128)
   likewise; and one training step's attention (forward + backward) against SDPA's cuDNN backend.
+- t5: ProtT5-XL's heads with the T5 bias, with its table's gradient and frozen, against SDPA with the bias
+  materialised (and its gradient), against the portable kernel forced, and the step.
 - varlen: ESM2-3B heads on 16k-token batches of real UniProt lengths (random order): attention_varlen_backward on the
   packed batch against SDPA's backward on the same batch padded, with the key padding mask, and (torch 2.10+) against
   the backward of torch's varlen_attn on the packed batch (FlashAttention-2's varlen kernels), each in its own pair.
@@ -112,6 +114,83 @@ def bench_dense(torch, dtype, causal, label, b, h, s, d):
     return row
 
 
+def _sdpa_with_bias(torch, backends, q, k, v, bias, dout):
+    """SDPA's forward on the first backend of backends that also runs its backward with this bias (grad or not):
+    (backend name, backend, output, leaves)."""
+    from torch.nn.attention import sdpa_kernel
+    for name, be in backends:
+        leaves = tuple(x.detach().requires_grad_() for x in (q, k, v)) + (bias,)
+        try:
+            with sdpa_kernel(be):
+                o = torch.nn.functional.scaled_dot_product_attention(*leaves[:3], attn_mask=bias, scale=1.0)
+            torch.autograd.grad(o, [x for x in leaves if x.requires_grad], dout, retain_graph=True)
+        except RuntimeError:
+            continue
+        return name, be, o, leaves
+    raise RuntimeError("no SDPA backend takes this bias")
+
+
+def bench_t5(torch, dtype, b=8, h=32, s=1024, d=128):
+    """ProtT5-XL's heads with their T5 bias (32 buckets, max_distance 128, bidirectional, scale 1), two rows: with the
+    table's gradient (t5_grad, full fine-tuning) against SDPA's backward with the bias materialised as (1, H, S, S) in
+    the input dtype and its gradient (cuDNN, or the efficient backend where cuDNN refuses it; the table's reduction from
+    that gradient not timed), and with the table frozen (LoRA) against SDPA's with the bias not needing one; each also
+    against flashsci's portable kernel forced, and one training step's attention (forward + backward), in own pairs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from flashsci.bench.features import t5_table_bias
+    F = torch.nn.functional
+    table = torch.randn(h, 32, device="cuda")
+    kw = dict(scale=1.0, t5_bias=(table, 32, 128, True))
+    bias = t5_table_bias(torch, table, s).to(dtype)
+    backends = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+    rows = []
+    for grad in (True, False):
+        leaf = bias.detach().requires_grad_(grad)
+        sets = []
+        for _ in range(2):
+            q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(4))
+            out, lse = flashsci.attention(q, k, v, return_lse=True, **kw)
+            name, be, o, leaves = _sdpa_with_bias(torch, backends, q, k, v, leaf, dout)
+            sets.append((q, k, v, dout, out, lse, (o, [x for x in leaves if x.requires_grad], leaves)))
+
+        def ours(q, k, v, dout, out, lse, theirs):
+            return flashsci.attention_backward(dout, q, k, v, out, lse, t5_grad=grad, **kw)
+
+        def portable(*x):
+            flashsci._flashsci._set_attention_kernel("sm80")
+            try:
+                return ours(*x)
+            finally:
+                flashsci._flashsci._set_attention_kernel("auto")
+
+        def theirs_bwd(q, k, v, dout, out, lse, theirs):
+            return torch.autograd.grad(theirs[0], theirs[1], dout, retain_graph=True)
+
+        def ours_step(q, k, v, dout, out, lse, theirs):
+            o, m = flashsci.attention(q, k, v, return_lse=True, **kw)
+            return flashsci.attention_backward(dout, q, k, v, o, m, t5_grad=grad, **kw)
+
+        def theirs_step(q, k, v, dout, out, lse, theirs, be=be):
+            leaves = theirs[2]
+            with sdpa_kernel(be):
+                o = F.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3], scale=1.0)
+            return torch.autograd.grad(o, theirs[1], dout)
+        t = event_turns_us(torch, {"fs": ours, "torch": theirs_bwd}, sets)
+        tp = event_turns_us(torch, {"fs": ours, "portable": portable}, sets)
+        ts = event_turns_us(torch, {"fs": ours_step, "torch": theirs_step}, sets)
+        bwd_flops = 2.5 * flops(b, h, s, s, d, False)
+        rows.append({"set": "t5", "label": "ProtT5-XL + T5, " + ("table gradient" if grad else "table frozen"),
+                     "B": b, "H": h, "S": s, "D": d, "causal": False, "table gradient": grad, "torch backend": name,
+                     "flashsci us": t["fs"], "flashsci TF/s": bwd_flops / t["fs"] / 1e6, "torch us": t["torch"],
+                     "torch TF/s": bwd_flops / t["torch"] / 1e6, "speedup vs torch": t["torch"] / t["fs"],
+                     "flashsci us (vs portable)": tp["fs"], "portable us": tp["portable"],
+                     "speedup vs portable": tp["portable"] / tp["fs"], "step flashsci us": ts["fs"],
+                     "step torch us": ts["torch"], "step speedup vs torch": ts["torch"] / ts["fs"]})
+        del sets
+        torch.cuda.empty_cache()
+    return rows
+
+
 def bench_varlen(torch, dtype, lengths, n_batches=4):
     F = torch.nn.functional
     try:
@@ -176,6 +255,10 @@ def run_backward(dtype_name, out_dir, fasta=None):
         rows.append(row)
         print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in row.items()),
               flush=True)
+    for row in bench_t5(torch, dtype):
+        rows.append(row)
+        print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in row.items()),
+              flush=True)
     path, lengths = read_lengths(fasta)
     rows += bench_varlen(torch, dtype, lengths)
     meta = {"gpu": props.name, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "dtype": dtype_name,
@@ -183,7 +266,7 @@ def run_backward(dtype_name, out_dir, fasta=None):
     if out_dir:
         stem = f"backward_{slug(props.name)}_{dtype_name}"
         write_results(out_dir, stem, meta, rows, _markdown(rows, meta))
-        dense = [r for r in rows if r["set"] != "varlen"]
+        dense = [r for r in rows if r["set"] not in ("varlen", "t5")]
         write_plot(out_dir, stem, f"attention backward on {props.name}, {dtype_name}",
                    [f"{r['B']}x{r['H']}x{r['S']}x{r['D']}{' c' if r['causal'] else ''}" for r in dense],
                    {"vs FA2 (SDPA flash)": [r["speedup vs flash"] for r in dense],
@@ -207,13 +290,28 @@ def _markdown(rows, meta):
            "deterministic | step vs cuDNN |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        if r["set"] == "varlen":
+        if r["set"] in ("varlen", "t5"):
             continue
         out.append(f"| {r['set']} | {r['B']}×{r['H']}×{r['S']}×{r['D']} | {'yes' if r['causal'] else 'no'} | "
                    f"{r['flashsci us (vs flash)']:.1f} | {r['flashsci TF/s']:.0f} | {_f(r['flash us'])} | "
                    f"{_f(r['flash TF/s'], '.0f')} | {_f(r['speedup vs flash'], '.2f')}× | {_f(r['cudnn us'])} | "
                    f"{_f(r['cudnn TF/s'], '.0f')} | {_f(r['speedup vs cudnn'], '.2f')}× | "
                    f"{r['deterministic / default']:.2f}× | {_f(r.get('step speedup vs cudnn'), '.2f')}× |")
+    t5 = [r for r in rows if r["set"] == "t5"]
+    if t5:
+        out += ["", "ProtT5-XL's heads with the T5 bias (32 buckets, max_distance 128; scale 1): flashsci's backward "
+                "against SDPA's with the bias materialised (1, H, S, S) (with the table's gradient: the bias's "
+                "gradient, the table's reduction from it not timed), against flashsci's portable kernel forced, and "
+                "one training step's attention (forward + backward), each in its own pair:", "",
+                "| B×H×S×D | table | SDPA backend | flashsci µs | TF/s | SDPA µs | TF/s | speedup | portable µs | "
+                "Hopper / portable | step µs | SDPA step µs | step speedup |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in t5:
+            out.append(f"| {r['B']}×{r['H']}×{r['S']}×{r['D']} | {'gradient' if r['table gradient'] else 'frozen'} | "
+                       f"{r['torch backend']} | {r['flashsci us']:.1f} | {r['flashsci TF/s']:.0f} | {r['torch us']:.1f} | "
+                       f"{r['torch TF/s']:.0f} | {r['speedup vs torch']:.2f}× | {r['portable us']:.1f} | "
+                       f"{r['speedup vs portable']:.2f}× | {r['step flashsci us']:.1f} | {r['step torch us']:.1f} | "
+                       f"{r['step speedup vs torch']:.2f}× |")
     out += ["", f"Packed varlen backward, ESM2-3B heads (H=40, D=64), 16k-token batches of {meta['fasta']} (random "
             "order, lengths capped at 4096), against SDPA's backward on the padded batch with the key padding mask and "
             "against torch's varlen_attn backward on the packed batch (FlashAttention-2), each in its own pair:", "",

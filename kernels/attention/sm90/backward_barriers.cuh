@@ -1,0 +1,58 @@
+/* Hopper attention backward: the named barriers its warps meet at (0 is __syncthreads). 1: both consumer warpgroups;
+ * 2, 3: their turns at the tensor cores; 4-7: deterministic dQ's order warps; 8-11: staged dQ's writer warp. */
+#ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_BARRIERS_CUH
+#define FLASHSCI_ATTENTION_SM90_BACKWARD_BARRIERS_CUH
+
+#include "common/wgmma.cuh"
+
+#ifdef FS_WGMMA
+/* Both consumer warpgroups (256 threads) at named barrier 1: each one's dS^T is in shared memory. */
+FS_DEV void bwd_consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+/* Named barriers 2, 3 order the warpgroups' S^T and dP^T issues (warpgroup cw waits at 2 + cw for the other's pass): the
+ * tensor cores run the first warpgroup's pair ahead of the second's, so one's P^T and dS^T overlap the other's GEMMs
+ * rather than both waiting on products issued together. */
+FS_DEV void bwd_turn_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + cw) : "memory"); }
+FS_DEV void bwd_turn_pass(int cw) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + (cw ^ 1)) : "memory"); }
+/* Deterministic dQ: consumer warpgroup cw and its order warp (warp 1 + cw of the producer warpgroup) meet at named
+ * barrier 4 + cw before the warpgroup's adds (the order warp has seen the key blocks before this one count themselves
+ * on the tile) and at 6 + cw after them (the order warp then counts this block). bar.sync orders the adds against the
+ * order warp's acquire load and release add at the GPU's scope; the waits and the release's latency stay off the
+ * consumers' path. */
+FS_DEV void bwd_order_go(int cw)
+{
+    if (cw) asm volatile("bar.sync 5, 160;\n" ::: "memory"); /* immediate ids: no register held across the step */
+    else asm volatile("bar.sync 4, 160;\n" ::: "memory");
+}
+FS_DEV void bwd_order_added(int cw)
+{
+    if (cw) asm volatile("bar.sync 7, 160;\n" ::: "memory");
+    else asm volatile("bar.sync 6, 160;\n" ::: "memory");
+}
+
+/* Staged dQ: consumer warpgroup cw and the writer warp (warp 1 of the producer warpgroup) meet at named barrier 8 + cw
+ * once the warpgroup's share is in shared memory (it arrives, the writer waits) and at 10 + cw once the writer's
+ * reductions have read it (the writer arrives, the warpgroup waits before its next share). */
+FS_DEV void bwd_dq_staged(int cw)
+{
+    if (cw) asm volatile("bar.arrive 9, 160;\n" ::: "memory");
+    else asm volatile("bar.arrive 8, 160;\n" ::: "memory");
+}
+FS_DEV void bwd_dq_free_wait(int cw)
+{
+    if (cw) asm volatile("bar.sync 11, 160;\n" ::: "memory");
+    else asm volatile("bar.sync 10, 160;\n" ::: "memory");
+}
+/* ... and the writer's side of the same two barriers. */
+FS_DEV void bwd_dq_staged_wait(int cw)
+{
+    if (cw) asm volatile("bar.sync 9, 160;\n" ::: "memory");
+    else asm volatile("bar.sync 8, 160;\n" ::: "memory");
+}
+FS_DEV void bwd_dq_free(int cw)
+{
+    if (cw) asm volatile("bar.arrive 11, 160;\n" ::: "memory");
+    else asm volatile("bar.arrive 10, 160;\n" ::: "memory");
+}
+#endif
+
+#endif
