@@ -104,7 +104,8 @@ FS_DEV_T void bwd_delta_step(const float (&p)[K::NQ * 4], const float (&dp)[K::N
 #pragma unroll
     for (int n = 0; n < NQ; n++)
 #pragma unroll
-        for (int c = 0; c < 2; c++) col[2 * n + c] = fmaf(p[4 * n + c], dp[4 * n + c], p[4 * n + 2 + c] * dp[4 * n + 2 + c]);
+        for (int c = 0; c < 2; c++) /* keys key0 (r = 0) and key0 + 8 */
+            col[2 * n + c] = fmaf(p[4 * n + c], dp[4 * n + c], p[4 * n + 2 + c] * dp[4 * n + 2 + c]);
 #pragma unroll
     for (int o = 4; o < 32; o <<= 1)
 #pragma unroll

@@ -1,6 +1,6 @@
 /* Hopper attention backward: the T5 table's gradient from the main kernel's per-block sums by relative position
- * (backward_t5.cuh: part[((b H + h) key blocks + key block) t5_n + e] for position e - t5_lneg). One block per head adds
- * each position's sums over batches and key blocks, then each bucket's positions; fixed orders throughout. */
+ * (backward_t5.cuh: part[((b H + h) key blocks + key block) t5_n + e] for position e - t5_lneg). One block per head
+ * adds each position's sums over batches and key blocks, then each bucket's positions; fixed orders throughout. */
 #include "attention/sm90/backward.h"
 #include "common/launch.cuh"
 
