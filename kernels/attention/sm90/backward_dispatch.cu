@@ -17,7 +17,6 @@ int fs_sm90_bwd_t5_row(const fs_attn_params *p)
     return (n + 2 * FS_SM90_T5_PAD + 3) / 4 * 4;
 }
 
-
 size_t fs_sm90_bwd_t5_part_floats(const fs_attn_params *p)
 {
     int lneg, n;

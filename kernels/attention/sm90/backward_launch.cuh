@@ -33,7 +33,7 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     a.delta_out = DELTA ? w->delta : NULL;
     a.t5_lneg = a.t5_n = a.t5_row = 0;
     if (T5) {
-        fs_t5_span(p, &a.t5_lneg, &a.t5_n); /* t5_n <= FS_SM90_T5_MAX: fs_sm90_backward_covers */
+        fs_t5_span(p, &a.t5_lneg, &a.t5_n); /* t5_n <= FS_SM90_BWD_T5_MAX: fs_sm90_backward_covers */
         a.t5_row = fs_sm90_bwd_t5_row(p);
     }
     const int hkv = fs_kv_heads(p), bf16 = p->dtype == FS_BF16;
