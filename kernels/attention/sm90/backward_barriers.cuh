@@ -13,46 +13,35 @@ FS_DEV void bwd_consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory
  * rather than both waiting on products issued together. */
 FS_DEV void bwd_turn_wait(int cw) { asm volatile("bar.sync %0, 256;\n" ::"r"(2 + cw) : "memory"); }
 FS_DEV void bwd_turn_pass(int cw) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + (cw ^ 1)) : "memory"); }
+/* Named barrier ID + cw for consumer warpgroup cw (0, 1) and one of the producer warpgroup's warps (160 threads), to
+ * wait at or to arrive at: the ids as immediates, so that no register holds one across the step. */
+template <int ID> FS_DEV_T void bwd_pair_sync(int cw)
+{
+    if (cw) asm volatile("bar.sync %0, 160;\n" ::"n"(ID + 1) : "memory");
+    else asm volatile("bar.sync %0, 160;\n" ::"n"(ID) : "memory");
+}
+template <int ID> FS_DEV_T void bwd_pair_arrive(int cw)
+{
+    if (cw) asm volatile("bar.arrive %0, 160;\n" ::"n"(ID + 1) : "memory");
+    else asm volatile("bar.arrive %0, 160;\n" ::"n"(ID) : "memory");
+}
+
 /* Deterministic dQ: consumer warpgroup cw and its order warp (warp 1 + cw of the producer warpgroup) meet at named
  * barrier 4 + cw before the warpgroup's adds (the order warp has seen the key blocks before this one count themselves
  * on the tile) and at 6 + cw after them (the order warp then counts this block). bar.sync orders the adds against the
  * order warp's acquire load and release add at the GPU's scope; the waits and the release's latency stay off the
  * consumers' path. */
-FS_DEV void bwd_order_go(int cw)
-{
-    if (cw) asm volatile("bar.sync 5, 160;\n" ::: "memory"); /* immediate ids: no register held across the step */
-    else asm volatile("bar.sync 4, 160;\n" ::: "memory");
-}
-FS_DEV void bwd_order_added(int cw)
-{
-    if (cw) asm volatile("bar.sync 7, 160;\n" ::: "memory");
-    else asm volatile("bar.sync 6, 160;\n" ::: "memory");
-}
+FS_DEV void bwd_order_go(int cw) { bwd_pair_sync<4>(cw); }
+FS_DEV void bwd_order_added(int cw) { bwd_pair_sync<6>(cw); }
 
 /* Staged dQ: consumer warpgroup cw and the writer warp (warp 1 of the producer warpgroup) meet at named barrier 8 + cw
  * once the warpgroup's share is in shared memory (it arrives, the writer waits) and at 10 + cw once the writer's
  * reductions have read it (the writer arrives, the warpgroup waits before its next share). */
-FS_DEV void bwd_dq_staged(int cw)
-{
-    if (cw) asm volatile("bar.arrive 9, 160;\n" ::: "memory");
-    else asm volatile("bar.arrive 8, 160;\n" ::: "memory");
-}
-FS_DEV void bwd_dq_free_wait(int cw)
-{
-    if (cw) asm volatile("bar.sync 11, 160;\n" ::: "memory");
-    else asm volatile("bar.sync 10, 160;\n" ::: "memory");
-}
+FS_DEV void bwd_dq_staged(int cw) { bwd_pair_arrive<8>(cw); }
+FS_DEV void bwd_dq_free_wait(int cw) { bwd_pair_sync<10>(cw); }
 /* ... and the writer's side of the same two barriers. */
-FS_DEV void bwd_dq_staged_wait(int cw)
-{
-    if (cw) asm volatile("bar.sync 9, 160;\n" ::: "memory");
-    else asm volatile("bar.sync 8, 160;\n" ::: "memory");
-}
-FS_DEV void bwd_dq_free(int cw)
-{
-    if (cw) asm volatile("bar.arrive 11, 160;\n" ::: "memory");
-    else asm volatile("bar.arrive 10, 160;\n" ::: "memory");
-}
+FS_DEV void bwd_dq_staged_wait(int cw) { bwd_pair_sync<8>(cw); }
+FS_DEV void bwd_dq_free(int cw) { bwd_pair_arrive<10>(cw); }
 #endif
 
 #endif
