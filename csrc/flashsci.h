@@ -214,9 +214,9 @@ int fs_gpu_attention_backward(const fs_attn_bwd_params *g, int device, uintptr_t
 int fs_gpu_attention_no_keys(const fs_attn_params *p, int device, uintptr_t stream);
 PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device, const fs_kernel_choice *choice); /* dict */
 int fs_gpu_gemm(const fs_gemm_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice);
-/* Whether the GEMM launch for p (p->pre set) keeps the pre-activation itself: 1, 0 (the caller runs the products,
- * then the activation pass), -1 with an exception set. */
-int fs_gpu_gemm_keeps_pre(const fs_gemm_params *p, int device, const fs_kernel_choice *choice);
+/* The GEMM for p (p->pre set) launched keeping the pre-activation itself: 1; 0 where its kernel does not keep it
+ * (nothing launched: the caller runs the products, then the activation pass); -1 with an exception set. */
+int fs_gpu_gemm_keeping_pre(const fs_gemm_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice);
 int fs_gpu_activation(const fs_act_params *a, int device, uintptr_t stream);
 /* rows of width bytes, pitch bytes apart, set to 0 (cudaMemset2DAsync) */
 int fs_gpu_zero(void *ptr, size_t pitch, size_t width, size_t rows, int device, uintptr_t stream);

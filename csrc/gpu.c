@@ -234,9 +234,10 @@ PyObject *fs_gpu_attention_plan(const fs_attn_params *p, int device, const fs_ke
 }
 
 /* Launch a GEMM on device, or with pl non-NULL fill *pl instead (and *hopper, *sm_count: the kernel and the SMs it
- * plans for). Hopper devices take the sm_90a kernel when it was built (and tests have not forced the portable one). */
+ * plans for). Hopper devices take the sm_90a kernel when it was built (and tests have not forced the portable one).
+ * With declined non-NULL, a launch that would not keep p->pre sets it to 1 and returns 0 (nothing launched). */
 static int gemm_launch(const fs_gemm_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice,
-                       fs_gemm_plan *pl, int *hopper, int *sm_count)
+                       fs_gemm_plan *pl, int *hopper, int *sm_count, int *declined)
 {
     fs_gpu_props props;
     int prev;
@@ -245,6 +246,8 @@ static int gemm_launch(const fs_gemm_params *p, int device, uintptr_t stream, co
     cudaError_t err = sm90 ? fs_gemm_sm90(p, device, props.sm_count, choice->gemm_bn, (cudaStream_t)stream, pl)
                            : fs_gemm_sm80(p, device, (cudaStream_t)stream, pl);
     fs_gpu_device_leave(prev, device);
+    if (declined) *declined = err == FS_GEMM_PRE_DECLINED && p->pre && !pl;
+    if (declined && *declined) return 0;
     if (err != cudaSuccess) return cuda_fail(err, pl ? "linear launch plan" : "linear kernel launch");
     if (hopper) *hopper = sm90;
     if (sm_count) *sm_count = props.sm_count;
@@ -253,20 +256,20 @@ static int gemm_launch(const fs_gemm_params *p, int device, uintptr_t stream, co
 
 int fs_gpu_gemm(const fs_gemm_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice)
 {
-    return gemm_launch(p, device, stream, choice, NULL, NULL, NULL);
+    return gemm_launch(p, device, stream, choice, NULL, NULL, NULL, NULL);
 }
 
-int fs_gpu_gemm_keeps_pre(const fs_gemm_params *p, int device, const fs_kernel_choice *choice)
+int fs_gpu_gemm_keeping_pre(const fs_gemm_params *p, int device, uintptr_t stream, const fs_kernel_choice *choice)
 {
-    fs_gemm_plan pl;
-    return gemm_launch(p, device, 0, choice, &pl, NULL, NULL) < 0 ? -1 : pl.keeps_pre;
+    int declined = 0;
+    return gemm_launch(p, device, stream, choice, NULL, NULL, NULL, &declined) < 0 ? -1 : !declined;
 }
 
 PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int device, const fs_kernel_choice *choice)
 {
     fs_gemm_plan pl;
     int hopper, sm_count;
-    if (gemm_launch(p, device, 0, choice, &pl, &hopper, &sm_count) < 0) return NULL;
+    if (gemm_launch(p, device, 0, choice, &pl, &hopper, &sm_count, NULL) < 0) return NULL;
     return Py_BuildValue("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:L,s:i,s:i,s:i,s:i}", "kernel", hopper ? "sm90" : "sm80", "BM", pl.bm,
                          "BN", pl.bn, "BK", pl.bk, "stages", pl.stages, "threads", pl.threads, "smem", pl.smem, "tiles",
                          pl.tiles, "grid", pl.grid, "sm_count", sm_count, "split", pl.split, "keeps_pre", pl.keeps_pre);
@@ -339,9 +342,9 @@ int fs_gpu_gemm(const fs_gemm_params *p, int d, uintptr_t s, const fs_kernel_cho
     (void)p; (void)d; (void)s; (void)c;
     return no_cuda();
 }
-int fs_gpu_gemm_keeps_pre(const fs_gemm_params *p, int d, const fs_kernel_choice *c)
+int fs_gpu_gemm_keeping_pre(const fs_gemm_params *p, int d, uintptr_t s, const fs_kernel_choice *c)
 {
-    (void)p; (void)d; (void)c;
+    (void)p; (void)d; (void)s; (void)c;
     return no_cuda();
 }
 PyObject *fs_gpu_gemm_plan(const fs_gemm_params *p, int d, const fs_kernel_choice *c)

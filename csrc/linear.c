@@ -199,9 +199,11 @@ static int run_with_preactivation(fs_state *st, const fs_gemm_params *p, void *p
     q.pre = pre;
     q.ldpre = ldpre;
     if (p->M == 0 || p->N == 0) return 0; /* an empty result */
-    if (arrays[0]->is_cuda) {
-        const int keeps = fs_gpu_gemm_keeps_pre(&q, arrays[0]->device, &st->choice);
-        if (keeps != 0) return keeps < 0 ? -1 : fs_run_gemm(st, &q, arrays, n, stream);
+    if (arrays[0]->is_cuda) { /* one launch where the kernel keeps pre, else nothing launched and the two steps */
+        if (fs_wait_producers(arrays, n, stream) < 0) return -1;
+        const int kept = fs_gpu_gemm_keeping_pre(&q, arrays[0]->device, stream, &st->choice);
+        if (kept != 0) return kept < 0 ? -1 : 0;
+        n = 0; /* waited for */
     }
     fs_gemm_params prod[2];
     const int count = fs_gemm_pre_products(&q, prod);

@@ -20,6 +20,10 @@ typedef struct {
                     * products into pre, then the activation pass (fs_gemm_pre_products, fs_gemm_pre_pass) */
 } fs_gemm_plan;
 
+/* What a launch with p->pre set returns when it does not keep the pre-activation itself (nothing launched): the
+ * caller runs the products into pre, then the activation pass. */
+#define FS_GEMM_PRE_DECLINED cudaErrorNotSupported
+
 /* Launch the portable tensor-core GEMM (sm_80+, mma.sync, fp16/bf16, N and K multiples of 8) on stream; the
  * device is current. With plan non-NULL nothing is launched: the plan is filled instead. */
 cudaError_t fs_gemm_sm80(const fs_gemm_params *p, int device, cudaStream_t stream, fs_gemm_plan *plan);

@@ -60,8 +60,6 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     }
     if (T5 && (DELTA || !w->t5_part) && err == cudaSuccess) /* once: the delta pass runs first with the same tables */
         err = fs_sm90_t5_expand(p, a.t5_lneg, a.t5_n, a.t5_row, FS_LOG2E, w->t5_rows, device, stream);
-    if (DELTA && err == cudaSuccess) /* rowsum(P o dP) replaces the pre-pass's rowsum(dO o O) */
-        err = cudaMemsetAsync(w->delta, 0, 4 * (size_t)p->H * (p->cu_seqlens_q ? p->total_q : (size_t)p->B * p->Sq), stream);
     if (err == cudaSuccess)
         err = fs_kernel_prepare((const void *)attention_bwd_sm90<D, T, CAUSAL, ORDERED, T5, DELTA>, &handle, SMEM, device);
     void *args[] = {&mq, &mk, &mv, &mdo, &mdq, &a};

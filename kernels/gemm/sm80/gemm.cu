@@ -201,7 +201,7 @@ template <typename T> static cudaError_t launch_transposed(const fs_gemm_params 
 
 extern "C" cudaError_t fs_gemm_sm80(const fs_gemm_params *p, int device, cudaStream_t stream, fs_gemm_plan *plan)
 {
-    if (p->pre && !plan) return cudaErrorInvalidValue; /* never keeps it (plan.keeps_pre 0): the caller's two steps */
+    if (p->pre && !plan) return FS_GEMM_PRE_DECLINED; /* never keeps it (plan.keeps_pre 0): the caller's two steps */
     if ((p->trans_x && !p->trans_w) || (p->trans_w && p->w2 && (p->trans_x || p->K % 2))) return cudaErrorInvalidValue;
     if (p->trans_w) return p->dtype == FS_F16 ? launch_transposed<__half>(p, device, stream, plan)
                                               : launch_transposed<__nv_bfloat16>(p, device, stream, plan);

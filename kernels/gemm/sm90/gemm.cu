@@ -532,7 +532,7 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
     }
     /* a kept pre-activation is stored from the activation warps' staging tiles (so that no other epilogue carries the
      * code); without them plan.keeps_pre is 0 and the caller runs the two steps */
-    if (p->pre && !a.act_warps) return cudaErrorInvalidValue;
+    if (p->pre && !a.act_warps) return FS_GEMM_PRE_DECLINED;
     CUtensorMap mx, mw, mw2, my, mpre, mpre2;
     cudaError_t err = LAYOUT == LAYOUT_TN ? make_map(&mx, p->x, p->dtype, p->K, p->M, p->ldx, BK, 64)
                                           : make_map(&mx, p->x, p->dtype, p->M, p->K, p->ldx, BM, BK);
