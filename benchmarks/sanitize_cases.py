@@ -32,6 +32,11 @@ def backward_cases():
             backward(q, k, v)
             backward(q, k, v, causal=True)
             backward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout="bshd")
+    # non-causal D = 64 on Hopper: a persistent grid, CTAs taking two or three key blocks each
+    qp, kp = torch.randn(2, 8, 300, 64, device=dev, dtype=f16), torch.randn(2, 8, 2100, 64, device=dev, dtype=f16)
+    backward(qp, kp, kp)
+    qp = torch.randn(2, 8, 2100, 64, device=dev, dtype=torch.bfloat16)
+    backward(qp, qp, qp, rotary=True)
     q, k, v = (torch.randn(2, 4, 300, 64, device=dev, dtype=f16) for _ in range(3))
     backward(q, k, v, key_padding_mask=torch.rand(2, 300, device=dev) < 0.7, causal=True)
     backward(q, k, v, seqlens=torch.tensor([300, 0], dtype=torch.int32, device=dev), rotary=True)

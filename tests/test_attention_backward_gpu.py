@@ -143,6 +143,17 @@ def test_d80_long(dtype):
     run_case(2, 4, 4, 1000, 1000, 80, dtype, causal=True, rotary=10000.0, layout="bshd")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_persistent_grid(dtype):
+    """Non-causal D = 64 on padded batches (on Hopper a persistent grid: one CTA per SM, each taking several key
+    blocks, the ring, the K/V hand-over and the staged dQ running on from block to block): more blocks than any GPU's
+    SMs, a partial last key block, Sq != Sk, grouped K/V, rotary, both layouts; the T5 bias on the same shapes (one CTA
+    per block)."""
+    run_case(2, 8, 8, 300, 2100, 64, dtype)
+    run_case(3, 12, 4, 1000, 1000, 64, dtype, rotary=10000.0, layout="bshd")
+    run_case(2, 8, 8, 700, 2100, 64, dtype, table=torch.randn(8, 32, device="cuda"))
+
+
 @pytest.mark.parametrize("sq,sk", [(1, 1), (1, 200), (200, 1), (77, 300), (300, 77), (1024, 1024), (129, 128)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_lengths(sq, sk, causal):

@@ -1,5 +1,5 @@
-/* Hopper attention backward (sm_90a, wgmma + TMA): the kernel, one block per key block of Bc keys, K/V head and batch.
- * Warpgroup 0 is the producer (backward_producer.cuh: one warp streams Q_i, dO_i, L_i, D_i), warpgroups 1 and 2 the
+/* Hopper attention backward (sm_90a, wgmma + TMA): the kernel, a persistent grid whose CTAs take the blocks (key block
+ * of Bc keys, K/V head and batch) in turn (deterministic runs: a CTA per block). Warpgroup 0 is the producer (backward_producer.cuh: one warp streams Q_i, dO_i, L_i, D_i), warpgroups 1 and 2 the
  * consumers (backward_mainloop.cuh: 64 keys each; dV, dK in registers, dQ into the float32 accumulator); warp 1 of
  * warpgroup 0 adds the consumers' staged dQ by TMA reductions, or in deterministic runs its warps 1 and 2 order the
  * consumers' dQ atomics across key blocks. The passes around it are the portable backward's (Delta and the zeroed
@@ -24,9 +24,10 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                   "setmaxnreg: the warpgroups' registers fit the block's allocation");
     extern __shared__ unsigned char smem_raw[];
     const sm90_bwd_shared<T> sh = sm90_bwd_carve<K>(smem_raw);
-    const sm90_bwd_block blk = sm90_bwd_block_of<K>(a);
+    const sm90_bwd_block first = sm90_bwd_block_of<K>(a, blockIdx.x); /* the CTA's first block */
     if (threadIdx.x == 0) {
         mbar_init(sh.kv_full, 1);
+        mbar_init(sh.kv_empty, 256); /* every consumer thread, after its block's last products */
         for (int s = 0; s < K::STAGES; s++) {
             mbar_init(&sh.full[s], 1 + 32); /* the TMA's expect_tx and the producer warp's lanes */
             mbar_init(&sh.empty[s], 256);   /* every consumer thread */
@@ -36,12 +37,12 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     __syncthreads();
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(K::PRODUCER_REGS));
-        if (threadIdx.x < 32) sm90_bwd_producer<K>(sh, map_q, map_k, map_v, map_do, a, blk, threadIdx.x);
-        else if (K::STAGED && threadIdx.x < 64) sm90_bwd_dq_writer<K>(sh, map_dq, a, blk, threadIdx.x & 31);
-        else if (K::ORDERED && threadIdx.x < 96) sm90_bwd_order_warp<K>(a, blk, (threadIdx.x >> 5) - 1, threadIdx.x & 31);
+        if (threadIdx.x < 32) sm90_bwd_producer<K>(sh, map_q, map_k, map_v, map_do, a, first, threadIdx.x);
+        else if (K::STAGED && threadIdx.x < 64) sm90_bwd_dq_writer<K>(sh, map_dq, a, first, threadIdx.x & 31);
+        else if (K::ORDERED && threadIdx.x < 96) sm90_bwd_order_warp<K>(a, first, (threadIdx.x >> 5) - 1, threadIdx.x & 31);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(K::CONSUMER_REGS));
-        sm90_bwd_consumer<K>(sh, a, blk, (threadIdx.x >> 7) - 1);
+        sm90_bwd_consumer<K>(sh, a, first, (threadIdx.x >> 7) - 1);
     }
 #endif
 }

@@ -9,7 +9,8 @@
 #include "attention/sm90/variants.h"
 #include "common/launch.cuh"
 
-/* One block per (key block, K/V head, batch); T5: each head's table expanded ahead of it; DELTA: the delta pass. */
+/* Blocks of (key block, K/V head, batch), over a persistent grid of one CTA per SM (sm90_bwd_config::PERSIST, padded
+ * batches) or one CTA per block; T5: each head's table expanded ahead of it; DELTA: the delta pass. */
 template <int D, typename T, bool CAUSAL, bool ORDERED, bool T5, bool DELTA = false>
 static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream)
 {
@@ -44,15 +45,22 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     a.section = fit < 1 ? 1 : fit < (long long)hkv * p->B ? (int)fit : hkv * p->B;
     if (blocks == 0) return cudaSuccess;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    a.blocks = (int)blocks;
+    int sms = 0;
+    cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    using config = sm90_bwd_config<D, T, CAUSAL, ORDERED, T5, DELTA>;
+    const bool persistent = config::PERSIST && !p->cu_seqlens_q && !p->seqlens; /* padded batches: blocks alike */
+    const unsigned grid = persistent && blocks > sms ? (unsigned)sms : (unsigned)blocks;
     int sq, sk, nb; /* packed sequences: all rows as one batch */
     sm90_extent(p, 1, &sq, &nb);
     sm90_extent(p, 0, &sk, &nb);
     CUtensorMap mq, mk, mv, mdo, mdq = {};
-    cudaError_t err = sm90_map(&mq, p->q, bf16, sq, p->H, nb, p->D, p->q_ss, p->q_sh, p->q_sb, tile::BR);
+    err = sm90_map(&mq, p->q, bf16, sq, p->H, nb, p->D, p->q_ss, p->q_sh, p->q_sb, tile::BR);
     if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, hkv, nb, p->D, p->k_ss, p->k_sh, p->k_sb, tile::BC);
     if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, hkv, nb, p->D, p->v_ss, p->v_sh, p->v_sb, tile::BC);
     if (err == cudaSuccess) err = sm90_map(&mdo, g->dout, bf16, sq, p->H, nb, p->D, g->do_ss, g->do_sh, g->do_sb, tile::BR);
-    if (sm90_bwd_config<D, T, CAUSAL, ORDERED, T5, DELTA>::STAGED && err == cudaSuccess) {
+    if (config::STAGED && err == cudaSuccess) {
         /* the dQ accumulator as rows of D floats (staged dQ's TMA reductions; their row coordinates are int32) */
         const int64_t rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
         err = rows > 0x7fffffffLL ? cudaErrorInvalidConfiguration
@@ -63,7 +71,7 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     if (err == cudaSuccess)
         err = fs_kernel_prepare((const void *)attention_bwd_sm90<D, T, CAUSAL, ORDERED, T5, DELTA>, &handle, SMEM, device);
     void *args[] = {&mq, &mk, &mv, &mdo, &mdq, &a};
-    if (err == cudaSuccess) err = fs_launch(&handle, device, (unsigned)blocks, 384, SMEM, stream, args);
+    if (err == cudaSuccess) err = fs_launch(&handle, device, grid, 384, SMEM, stream, args);
     return err;
 }
 

@@ -32,15 +32,16 @@
 template <int D> FS_DEV_T int bwd_dq_box_row(int cw) { return D == 64 ? 64 * cw : 0; }
 template <int D> FS_DEV_T int bwd_dq_box_col(int cw, int c) { return (D == 64 ? 0 : 64 * cw) + 32 * c; }
 
-/* The dQ writer (K::STAGED): per step and consumer warpgroup, once its share is staged, lane 0 adds the share's boxes
- * into the accumulator (rows at fs_bwd_row; a tile's rows past its head or sequence add zeros, rows past the
- * accumulator and columns past D are dropped) and frees the staging once the reductions have read it. */
+/* The dQ writer (K::STAGED) for block blk: per step and consumer warpgroup, once its share is staged, lane 0 adds the
+ * share's boxes into the accumulator (rows at fs_bwd_row; a tile's rows past its head or sequence add zeros, rows past
+ * the accumulator and columns past D are dropped) and frees the staging once the reductions have read it (but for the
+ * block's last step of a single block; persistent CTAs' consumers take the last free after their last block). */
 template <class K>
-FS_DEV_T void sm90_bwd_dq_writer(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq, const fs_sm90_bwd_args &a,
-                                 const sm90_bwd_block &blk, int lane)
+FS_DEV_T void sm90_bwd_dq_writer_block(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq,
+                                       const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int lane)
 {
     /* the consumers' steps (sm90_bwd_head, sm90_bwd_q0; STAGED runs are not ORDERED) as two loops over rows that fit
-     * an int (the launch checks the accumulator's), in the 24 registers of the producer warpgroup */
+     * an int (the launch checks the accumulator's), in the registers of the producer warpgroup */
     const fs_attn_params &p = a.g.p;
     const int head_rows = p.cu_seqlens_q ? p.total_q : p.Sq, last = blk.n_iter - 1;
     int row = (int)fs_bwd_row(p, blk.b, blk.hkv * p.kv_group, blk.seq.qo, blk.q_tile0 * K::BR);
@@ -59,8 +60,20 @@ FS_DEV_T void sm90_bwd_dq_writer(const sm90_bwd_shared<typename K::T> &sh, const
                     bulk_wait_read();
                 }
                 __syncwarp();
-                if (it < last) bwd_dq_free(cw);
+                if (K::PERSIST || it < last) bwd_dq_free(cw);
             }
+}
+
+/* The dQ writer's whole work: the CTA's blocks in turn. */
+template <class K>
+FS_DEV_T void sm90_bwd_dq_writer(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq, const fs_sm90_bwd_args &a,
+                                 const sm90_bwd_block &first, int lane)
+{
+    if constexpr (K::PERSIST) {
+        SM90_BWD_FOR_EACH_BLOCK(blk, n) sm90_bwd_dq_writer_block<K>(sh, map_dq, a, blk, lane);
+    } else {
+        sm90_bwd_dq_writer_block<K>(sh, map_dq, a, first, lane);
+    }
     if (lane == 0) bulk_wait();
 }
 
@@ -68,7 +81,8 @@ FS_DEV_T void sm90_bwd_dq_writer(const sm90_bwd_shared<typename K::T> &sh, const
  * blocks before this one have counted themselves, the warp lets the consumers add, then counts this block. */
 template <class K> FS_DEV_T void sm90_bwd_order_warp(const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int cw, int lane)
 {
-    /* the consumers' steps (sm90_bwd_head, sm90_bwd_q0) as two loops, in the 24 registers of the producer warpgroup */
+    /* the consumers' steps (sm90_bwd_head, sm90_bwd_q0) as two loops, in the 24 registers of the producer warpgroup;
+     * deterministic runs have one CTA per block (never PERSIST) */
     const int rank = blk.k0 / K::BC, n_q = blk.n_q, group = a.g.p.kv_group;
     const int64_t per_head = 2 * (int64_t)a.order_tiles;
     int *count0 = a.dq_order + ((int64_t)blk.b * a.g.p.H + blk.hkv * group) * per_head + 2 * blk.q_tile0 + cw;
@@ -111,16 +125,23 @@ template <int N, int BC, typename T> FS_DEV_T void bwd_dq_product(float *dq, uin
         wgmma_ss_mn<N, T>(dq, desc_sw128(a + kk * 16 * 128, BC * 128, 1024), desc_sw128(b + kk * 16 * 128, BC * 128, 1024), kk > 0);
 }
 
-/* A consumer thread's whole work for its block (consumer warpgroup cw = 0, 1). */
+/* A consumer thread's work for block blk, the CTA's bi-th (consumer warpgroup cw_arg); s, phase: the ring's stage and phase, steps: (persistent)
+ * the CTA's steps so far (dS^T's buffer, the staging's and the turns' first), carried from block to block. */
 template <class K>
-FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const fs_sm90_bwd_args &a, const sm90_bwd_block &blk,
-                                int cw)
+FS_DEV_T void sm90_bwd_consumer_block(const sm90_bwd_shared<typename K::T> &sh, const fs_sm90_bwd_args &a,
+                                      const sm90_bwd_block &blk, int cw_arg, int bi, int &s, int &phase, int &steps)
 {
     using T = typename K::T;
     constexpr int D = K::D, DS = K::DS, BR = K::BR, BC = K::BC, STAGES = K::STAGES, NQ = K::NQ, NO = K::NO;
     const fs_attn_bwd_params &g = a.g;
     const fs_attn_params &p = g.p;
-    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gr = lane >> 2, t4 = lane & 3;
+    /* persistent: the thread's index read in each block (volatile), so that what derives from it (descriptors,
+     * addresses, the rotary's frequencies) is computed per block, not hoisted out of the CTA's loop over its blocks,
+     * where it held registers through every step (hundreds of bytes of spills) */
+    unsigned tid = threadIdx.x;
+    if constexpr (K::PERSIST) asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+    const int cw = K::PERSIST ? (int)(tid >> 7) - 1 : cw_arg; /* consumer warpgroup 0, 1 */
+    const int warp = (tid >> 5) & 3, lane = tid & 31, gr = lane >> 2, t4 = lane & 3;
     const int key0 = blk.k0 + cw * 64 + warp * 16 + gr; /* this thread's keys: key0, key0 + 8 */
     const int q_len = blk.seq.q_len, k_len = blk.seq.k_len;
     /* keys the key padding mask drops (P = 0) */
@@ -136,20 +157,23 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
     for (int i = 0; i < NO * 4; i++) dv[i] = dk[i] = 0.f;
     const bool t5_grad = K::T5 && a.t5_part;
     if (t5_grad) {
-        bwd_t5_zero(sh.t5_grad, threadIdx.x - 128);
+        if (bi > 0) bwd_consumers_sync(); /* the block before's flush has read the rows */
+        bwd_t5_zero(sh.t5_grad, tid - 128);
         bwd_consumers_sync();
     }
-    mbar_wait(sh.kv_full, 0);
-    if (cw == 1 && blk.n_iter > 0) bwd_turn_pass(cw); /* warpgroup 0 issues first */
-    int s = 0, phase = 0;
-    for (int it = 0; it < blk.n_iter; it++) {
+    mbar_wait(sh.kv_full, bi & 1);
+    if (!K::PERSIST && cw == 1 && blk.n_iter > 0) bwd_turn_pass(cw); /* warpgroup 0 issues first */
+    for (int it = 0; it < blk.n_iter; it++, steps += K::PERSIST) {
         const int h = sm90_bwd_head(p, blk, it), q0 = sm90_bwd_q0<K>(blk, it);
+        const int step = K::PERSIST ? steps : it; /* the CTA's steps so far */
         const uint32_t q_base = smem_addr(sh.sQ + s * BR * DS), do_base = smem_addr(sh.sdO + s * BR * DS);
         mbar_wait(&sh.full[s], phase);
 
         /* S^T = K_j Q_i^T, dP^T = V_j dO_i^T: this warpgroup's 64 keys (rows 64 cw ..) x Br queries, D / 16 k-steps of
          * 32 bytes along a 128-byte row (the next 64-column half at kk = 4) */
         float st[NQ * 4], dp[NQ * 4];
+        if (K::PERSIST && cw == 1 && step == 0) bwd_turn_pass(cw); /* ... and the turns run on from block to block
+                                                                     * (a warpgroup's pass always follows its wait) */
         bwd_turn_wait(cw);
         wgmma_fence();
 #pragma unroll
@@ -207,8 +231,8 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         for (int n = 0; n < AHEAD; n++) d_ahead[n] = *reinterpret_cast<const float2 *>(Di + 8 * n + 2 * t4);
         wgmma_wait<0>();
         if constexpr (K::DELTA) { /* the delta pass: rowsum(P o dP), nothing else */
-            bwd_delta_step<K>(st, dp, reinterpret_cast<float *>(sh.sdS) + (it & 1) * 8 * BR,
-                              a.delta_out + fs_bwd_row(p, blk.b, h, blk.seq.qo, q0), q0, q_len, cw, threadIdx.x - 128);
+            bwd_delta_step<K>(st, dp, reinterpret_cast<float *>(sh.sdS) + (step & 1) * 8 * BR,
+                              a.delta_out + fs_bwd_row(p, blk.b, h, blk.seq.qo, q0), q0, q_len, cw, tid - 128);
             mbar_arrive(&sh.empty[s]);
             if (++s == STAGES) { s = 0; phase ^= 1; }
             continue;
@@ -228,10 +252,10 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         sm90_pack_p<NQ, T>(dp, dsk);
         if (t5_grad) bwd_t5_grad<NQ>(dp, sh.t5_grad, t5_at, t5_inside, t4, lane); /* no product in flight */
 
-        /* dS^T into buffer it & 1 (the other warpgroup read the one before it ahead of the last barrier): panels of 64
+        /* dS^T into buffer step & 1 (the other warpgroup read the one before it ahead of the last barrier): panels of 64
          * queries, key rows of 128 bytes, 16-byte chunk x of row y at x ^ (y % 8). stmatrix: lane l addresses row l % 8
          * of matrix l / 8 (rows + 8 for odd matrices, the next 8 queries for matrices 2, 3) */
-        const uint32_t ds_buf = ds_base + (it & 1) * BC * BR * 2;
+        const uint32_t ds_buf = ds_base + (step & 1) * BC * BR * 2;
         const int ds_row = cw * 64 + warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
         for (int kk = 0; kk < BR / 16; kk++) {
@@ -275,7 +299,7 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
              * into its warpgroup's boxes: box m / 2, row y = 16 warp + gr + 8 r of the box, 16-byte chunk x = 4 (m % 2)
              * + t4 at x ^ (y % 8) = (t4 ^ gr) ^ 4 (m % 2) (the map's 128-byte swizzle; the staging is 1024-byte
              * aligned, so the chunk is address bits 4-6): one base address, the rest immediates */
-            if (it > 0) bwd_dq_free_wait(cw);
+            if (step > 0) bwd_dq_free_wait(cw);
             const uint32_t st_row = smem_addr(sh.sdQ) + cw * 2 * 64 * 128 + (warp * 16 + gr) * 128 + ((t4 ^ gr) << 4);
             const int groups = D == 80 && cw ? 1 : 4;
 #pragma unroll
@@ -319,19 +343,21 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
         mbar_arrive(&sh.empty[s]); /* Q_i, dO_i, L_i, D_i read: every consumer thread arrives (each its own reads) */
         if (++s == STAGES) { s = 0; phase ^= 1; }
     }
-    if (cw == 0 && blk.n_iter > 0) bwd_turn_wait(cw); /* the last pass to warpgroup 0 taken (barrier counts balanced) */
+    if constexpr (K::PERSIST) mbar_arrive(sh.kv_empty); /* K_j, V_j read (every product waited for): the next may load */
+    if (!K::PERSIST && cw == 0 && blk.n_iter > 0) bwd_turn_wait(cw); /* the last pass taken (barrier counts balanced) */
     if constexpr (K::DELTA) return;
-    if (t5_grad) bwd_t5_flush<K>(sh.t5_grad, a, blk, threadIdx.x - 128);
+    if (t5_grad) bwd_t5_flush<K>(sh.t5_grad, a, blk, tid - 128);
 
     /* dV_j and dK_j scaled (and rotated back over the data's head dim p.D: column c pairs with c + p.D / 2, both this
      * thread's), this thread's key rows key0, key0 + 8: inside the sequence, zeros past it in a padded batch (none for
      * packed rows); the columns past p.D (zeros: sm90_kernel_dim) are not stored */
     if (a.rotary) {
-        if constexpr (D != 128) bwd_unrotate<D / 16, NO>(dk, key0, t4, p.D, a.rotary_base);
-        else if (p.D == 80) bwd_unrotate<5, NO>(dk, key0, t4, p.D, a.rotary_base); /* deterministic runs */
-        else if (p.D == 96) bwd_unrotate<6, NO>(dk, key0, t4, p.D, a.rotary_base);
-        else if (p.D == 112) bwd_unrotate<7, NO>(dk, key0, t4, p.D, a.rotary_base);
-        else bwd_unrotate<8, NO>(dk, key0, t4, p.D, a.rotary_base);
+        const float base = a.rotary_base;
+        if constexpr (D != 128) bwd_unrotate<D / 16, NO>(dk, key0, t4, p.D, base);
+        else if (p.D == 80) bwd_unrotate<5, NO>(dk, key0, t4, p.D, base); /* deterministic runs */
+        else if (p.D == 96) bwd_unrotate<6, NO>(dk, key0, t4, p.D, base);
+        else if (p.D == 112) bwd_unrotate<7, NO>(dk, key0, t4, p.D, base);
+        else bwd_unrotate<8, NO>(dk, key0, t4, p.D, base);
     }
     const int rows = p.cu_seqlens_q ? k_len : p.Sk;
 #pragma unroll
@@ -350,6 +376,21 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
                     pack2<T>(dk[4 * n + 2 * r] * a.scale * keep, dk[4 * n + 2 * r + 1] * a.scale * keep);
             }
     }
+}
+
+/* A consumer thread's whole work (consumer warpgroup cw = 0, 1): the CTA's blocks in turn, then (persistent) the last
+ * turn's pass and the writer's free of the last staging taken. A named barrier's arrivals and waits alternate strictly
+ * (an arrival before the wait for the one before would complete it without its waiter), so in persistent CTAs the
+ * turns and the staging's frees run through the CTA's steps, not per block. */
+template <class K>
+FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const fs_sm90_bwd_args &a, const sm90_bwd_block &first,
+                                int cw)
+{
+    int s = 0, phase = 0, steps = 0;
+    if constexpr (!K::PERSIST) return sm90_bwd_consumer_block<K>(sh, a, first, cw, 0, s, phase, steps);
+    SM90_BWD_FOR_EACH_BLOCK(blk, n) sm90_bwd_consumer_block<K>(sh, a, blk, cw, n, s, phase, steps);
+    if (K::PERSIST && cw == 0 && steps > 0) bwd_turn_wait(cw); /* the last pass taken (barrier counts balanced) */
+    if (K::PERSIST && K::STAGED && steps > 0) bwd_dq_free_wait(cw);
 }
 #endif
 

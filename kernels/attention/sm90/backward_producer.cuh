@@ -1,6 +1,6 @@
-/* Hopper attention backward: the work of one block (key block, K/V head, batch) and the producer. One warp loads K_j
- * and V_j once, then streams each step's Q_i and dO_i by TMA and L_i log2 e and D_i by its lanes into the ring of
- * mbarrier-guarded stages. */
+/* Hopper attention backward: the work of one block (key block, K/V head, batch), the blocks a CTA takes, and the
+ * producer. For each of its blocks one warp loads K_j and V_j once, then streams each step's Q_i and dO_i by TMA and
+ * L_i log2 e and D_i by its lanes into the ring of mbarrier-guarded stages, which runs on from block to block. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_PRODUCER_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_PRODUCER_CUH
 
@@ -22,10 +22,10 @@ typedef struct {
     int tb;    /* the batch coordinate of the tensor maps: b, or 0 for packed rows */
     fs_seq seq; /* the sequence's rows (packed: from qo / ko of the packed tensors) and lengths */
 } sm90_bwd_block;
-template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_args &a)
+template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_args &a, int t)
 {
     const fs_attn_params &p = a.g.p;
-    const int hkv_count = p.H / p.kv_group, heads = hkv_count * p.B, t = blockIdx.x;
+    const int hkv_count = p.H / p.kv_group, heads = hkv_count * p.B;
     int kt, head;
     if (K::CAUSAL) {
         const int first = t / (a.section * a.n_kblocks) * a.section, in = min(a.section, heads - first);
@@ -49,6 +49,14 @@ template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_a
     return blk;
 }
 
+/* The blocks a CTA takes, every role alike, each as blk, the n-th of the CTA's: blockIdx.x, + gridDim.x, ... where
+ * the instantiation runs persistent (K::PERSIST; each block computed in its turn: the first one kept from the kernel's
+ * start held its registers through every step), else the first alone, as the kernel computed it (the loop then
+ * compiles to that one block). */
+#define SM90_BWD_FOR_EACH_BLOCK(blk, n)                                                                                 \
+    for (int t_ = blockIdx.x, n = 0; t_ < a.blocks && (K::PERSIST || n == 0); t_ += (int)gridDim.x, n++)             \
+        if (const sm90_bwd_block blk = K::PERSIST ? sm90_bwd_block_of<K>(a, t_) : first; true)
+
 /* Step it of a block: its query head (head of the group outer) and first query row (query tile inner; ordered causal
  * blocks last tile first, so every key block reaches a tile at the same step and none waits for the blocks before it
  * to come down to its first tile). */
@@ -62,62 +70,72 @@ template <class K> FS_DEV_T int sm90_bwd_q0(const sm90_bwd_block &blk, int it)
     return (blk.q_tile0 + (K::ORDERED && K::CAUSAL ? blk.n_q - 1 - i : i)) * K::BR;
 }
 
-/* The producer warp's whole work for its block (lane: its lane). K_j, V_j (and the T5 table) land on kv_full; stage s
- * is full once the TMA bytes of Q_i and dO_i have landed and the 32 lanes have written L_i log2 e (+inf past the
+/* The producer warp's whole work (lane: its lane). Per block, K_j, V_j (and the T5 table) land on kv_full: persistent
+ * CTAs load them once the consumers have released the block before's (kv_empty), after the block's first Q_i, dO_i so
+ * that these come in while the consumers finish the block before. Stage s of the ring, which runs on from block to
+ * block, is full once the TMA bytes of Q_i and dO_i have landed and the 32 lanes have written L_i log2 e (+inf past the
  * sequence and for rows with no key: P = 0) and D_i (0 past the sequence). */
 template <class K>
 FS_DEV_T void sm90_bwd_producer(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_q, const CUtensorMap &map_k,
                                 const CUtensorMap &map_v, const CUtensorMap &map_do, const fs_sm90_bwd_args &a,
-                                const sm90_bwd_block &blk, int lane)
+                                const sm90_bwd_block &first, int lane)
 {
     constexpr int D = K::DS, BR = K::BR, BC = K::BC, STAGES = K::STAGES, HALVES = D / 64;
     const fs_attn_params &p = a.g.p;
-    if (lane == 0) {
-        mbar_expect_tx(sh.kv_full, 2 * BC * D * 2 + (K::T5 ? 4 * a.t5_row : 0));
-        for (int c = 0; c < HALVES; c++) {
-            tma_load_4d(sh.sK + c * BC * 64, &map_k, c * 64, (int)blk.seq.ko + blk.k0, blk.hkv, blk.tb, sh.kv_full);
-            tma_load_4d(sh.sV + c * BC * 64, &map_v, c * 64, (int)blk.seq.ko + blk.k0, blk.hkv, blk.tb, sh.kv_full);
-        }
-        /* T5 kernels: the head's table with them (no grouped heads: the block's query head is hkv) */
-        if (K::T5) bulk_load(sh.t5_bias, a.t5_rows + (int64_t)blk.hkv * a.t5_row, 4 * a.t5_row, sh.kv_full);
-    }
-    /* step it's L_i log2 e and D_i, this lane's rows lane + 32 e, loaded into registers a step ahead of their stores
-     * (their latency hidden behind the wait for the stage) */
-    constexpr int PER = BR / 32;
-    float l2[PER], di[PER];
-    auto load_stats = [&](int it) {
-        const int h = sm90_bwd_head(p, blk, it), q0 = sm90_bwd_q0<K>(blk, it);
-        const float *lse = static_cast<const float *>(p.lse) + blk.b * p.lse_sb + h * p.lse_sh + blk.seq.qo;
-        const float *delta = a.delta + fs_bwd_row(p, blk.b, h, blk.seq.qo, 0);
-#pragma unroll
-        for (int e = 0; e < PER; e++) {
-            const int q = q0 + lane + 32 * e;
-            const float l = q < blk.seq.q_len ? __ldg(lse + q) : -INFINITY;
-            l2[e] = l == -INFINITY ? INFINITY : l * FS_LOG2E;
-            di[e] = q < blk.seq.q_len && !K::DELTA ? __ldg(delta + q) : 0.f; /* the delta pass computes it */
-        }
-    };
-    if (blk.n_iter > 0) load_stats(0);
     int s = 0, phase = 0;
-    for (int it = 0; it < blk.n_iter; it++) {
-        const int h = sm90_bwd_head(p, blk, it), q0 = sm90_bwd_q0<K>(blk, it);
-        mbar_wait(&sh.empty[s], phase ^ 1);
-        if (lane == 0) {
-            mbar_expect_tx(&sh.full[s], 2 * BR * D * 2);
-            for (int c = 0; c < HALVES; c++) {
-                const int row = (int)blk.seq.qo + q0;
-                tma_load_4d(sh.sQ + (s * BR * D + c * BR * 64), &map_q, c * 64, row, h, blk.tb, &sh.full[s]);
-                tma_load_4d(sh.sdO + (s * BR * D + c * BR * 64), &map_do, c * 64, row, h, blk.tb, &sh.full[s]);
+    SM90_BWD_FOR_EACH_BLOCK(blk, n) {
+        auto load_kv = [&]() {
+            if (n > 0) mbar_wait(sh.kv_empty, (n - 1) & 1);
+            if (lane == 0) {
+                mbar_expect_tx(sh.kv_full, 2 * BC * D * 2 + (K::T5 ? 4 * a.t5_row : 0));
+                for (int c = 0; c < HALVES; c++) {
+                    tma_load_4d(sh.sK + c * BC * 64, &map_k, c * 64, (int)blk.seq.ko + blk.k0, blk.hkv, blk.tb, sh.kv_full);
+                    tma_load_4d(sh.sV + c * BC * 64, &map_v, c * 64, (int)blk.seq.ko + blk.k0, blk.hkv, blk.tb, sh.kv_full);
+                }
+                /* T5 kernels: the head's table with them (no grouped heads: the block's query head is hkv) */
+                if (K::T5) bulk_load(sh.t5_bias, a.t5_rows + (int64_t)blk.hkv * a.t5_row, 4 * a.t5_row, sh.kv_full);
             }
-        }
+        };
+        /* step it's L_i log2 e and D_i, this lane's rows lane + 32 e, loaded into registers a step ahead of their
+         * stores (their latency hidden behind the wait for the stage) */
+        constexpr int PER = BR / 32;
+        float l2[PER], di[PER];
+        auto load_stats = [&](int it) {
+            const int h = sm90_bwd_head(p, blk, it), q0 = sm90_bwd_q0<K>(blk, it);
+            const float *lse = static_cast<const float *>(p.lse) + blk.b * p.lse_sb + h * p.lse_sh + blk.seq.qo;
+            const float *delta = a.delta + fs_bwd_row(p, blk.b, h, blk.seq.qo, 0);
 #pragma unroll
-        for (int e = 0; e < PER; e++) {
-            sh.sL[s * BR + lane + 32 * e] = l2[e];
-            sh.sD[s * BR + lane + 32 * e] = di[e];
+            for (int e = 0; e < PER; e++) {
+                const int q = q0 + lane + 32 * e;
+                const float l = q < blk.seq.q_len ? __ldg(lse + q) : -INFINITY;
+                l2[e] = l == -INFINITY ? INFINITY : l * FS_LOG2E;
+                di[e] = q < blk.seq.q_len && !K::DELTA ? __ldg(delta + q) : 0.f; /* the delta pass computes it */
+            }
+        };
+        if (!K::PERSIST) load_kv(); /* a single block: K_j, V_j first */
+        if (blk.n_iter > 0) load_stats(0);
+        else if (K::PERSIST) load_kv(); /* no step: K_j, V_j still land (the consumers wait for them, store dK_j, dV_j) */
+        for (int it = 0; it < blk.n_iter; it++) {
+            const int h = sm90_bwd_head(p, blk, it), q0 = sm90_bwd_q0<K>(blk, it);
+            mbar_wait(&sh.empty[s], phase ^ 1);
+            if (lane == 0) {
+                mbar_expect_tx(&sh.full[s], 2 * BR * D * 2);
+                for (int c = 0; c < HALVES; c++) {
+                    const int row = (int)blk.seq.qo + q0;
+                    tma_load_4d(sh.sQ + (s * BR * D + c * BR * 64), &map_q, c * 64, row, h, blk.tb, &sh.full[s]);
+                    tma_load_4d(sh.sdO + (s * BR * D + c * BR * 64), &map_do, c * 64, row, h, blk.tb, &sh.full[s]);
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < PER; e++) {
+                sh.sL[s * BR + lane + 32 * e] = l2[e];
+                sh.sD[s * BR + lane + 32 * e] = di[e];
+            }
+            mbar_arrive(&sh.full[s]);
+            if (K::PERSIST && it == 0) load_kv();
+            if (it + 1 < blk.n_iter) load_stats(it + 1);
+            if (++s == STAGES) { s = 0; phase ^= 1; }
         }
-        mbar_arrive(&sh.full[s]);
-        if (it + 1 < blk.n_iter) load_stats(it + 1);
-        if (++s == STAGES) { s = 0; phase ^= 1; }
     }
 }
 #endif

@@ -57,6 +57,12 @@ template <int D_, typename T_, bool CAUSAL_, bool ORDERED_, bool T5_, bool DELTA
      * warpgroup spilled at 24 (H200, bf16: 2-4% faster; deterministic runs 1-3% slower at 232, causal ones 1-2%) */
     static constexpr int CONSUMER_REGS = D_ == 64 && !CAUSAL_ && !ORDERED_ ? 232 : tile::REGS;
     static constexpr int PRODUCER_REGS = (168 * 384 - 256 * CONSUMER_REGS) / 128;
+    /* a persistent grid (one CTA per SM taking the blocks by stride) for the instantiation whose blocks are alike in
+     * work and that measured faster: non-causal D = 64 (H200, bf16, 16 x 32 x 1024 x 64 924 -> 905 us, 4 x 32 x 4096 x 64
+     * 3,070 -> 2,963); by stride causal D = 128 ran 1.4x slower (its busiest CTA far above the mean) and non-causal
+     * D = 128 at 1,024 tokens 3% slower. Elsewhere one CTA per block (deterministic runs always: a block waiting for
+     * the key blocks before its own then never waits for a block no CTA has started) */
+    static constexpr bool PERSIST = D_ == 64 && !CAUSAL_ && !ORDERED_ && !T5_;
     /* the T5 region's floats in shared memory */
     static constexpr int T5_FLOATS = T5_ ? FS_SM90_BWD_T5_FLOATS : 0;
 };
@@ -70,6 +76,7 @@ typedef struct {
                           * zeroed by the pre-pass; columns at fs_dq_slot(j) */
     const float *delta;  /* rowsum(dO o O), one float per row as above */
     int n_kblocks;
+    int blocks;          /* (key block, K/V head, batch) blocks in all (sm90_bwd_block_of), taken by the CTAs in turn */
     int section;         /* causal: K/V heads per section of the block order (sm90_bwd_block_of) */
     int rotary;          /* rotate dK back (the forward rotated k by rotary_base over all D columns) */
     float rotary_base;
@@ -88,13 +95,13 @@ typedef struct {
 /* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two
  * buffers of dS^T (64-query panels of Bc rows, as dQ's MN-major A), dQ_i's float32 staging where the tile stages it
  * (boxes of 32 columns by 64 rows, 128-byte swizzle), STAGES buffers of L_i log2 e and D_i, the T5 region (T5 kernels),
- * the mbarriers; plus 1 KiB alignment slack */
+ * the mbarriers (K_j, V_j full and empty, the ring's full and empty); plus 1 KiB alignment slack */
 template <int D, bool T5> constexpr int sm90_bwd_smem()
 {
     using t = fs_sm90_bwd_tile<D>;
     constexpr int DS = sm90_bwd_stored_dim(D);
     return (2 * t::BC * DS + 2 * t::STAGES * t::BR * DS + 2 * t::BC * t::BR) * 2 + (t::DQ_STAGED > 0) * t::BR * DS * 4 +
-           2 * t::STAGES * t::BR * 4 + (T5 ? 4 * FS_SM90_BWD_T5_FLOATS : 0) + (1 + 2 * t::STAGES) * 8 + 1024;
+           2 * t::STAGES * t::BR * 4 + (T5 ? 4 * FS_SM90_BWD_T5_FLOATS : 0) + (2 + 2 * t::STAGES) * 8 + 1024;
 }
 
 #ifdef FS_WGMMA
@@ -102,7 +109,7 @@ template <typename T> struct sm90_bwd_shared {
     T *sK, *sV, *sQ, *sdO, *sdS;
     float *sdQ, *sL, *sD;
     float *t5_bias, *t5_grad; /* T5 kernels: the head's table, its gradient's four rows and the paddings' sums */
-    uint64_t *kv_full, *full, *empty;
+    uint64_t *kv_full, *kv_empty, *full, *empty;
 };
 
 /* The layout of instantiation K in smem_raw, from its first 1024-byte boundary (smem_align1024). */
@@ -122,7 +129,8 @@ template <class K> FS_DEV_T sm90_bwd_shared<typename K::T> sm90_bwd_carve(unsign
     sh.t5_bias = sh.sD + STAGES * BR; /* 16-byte aligned (bulk copies): Br is a multiple of 4 */
     sh.t5_grad = sh.t5_bias + FS_SM90_BWD_T5_ROW;
     sh.kv_full = reinterpret_cast<uint64_t *>(sh.t5_bias + K::T5_FLOATS);
-    sh.full = sh.kv_full + 1;
+    sh.kv_empty = sh.kv_full + 1;
+    sh.full = sh.kv_full + 2;
     sh.empty = sh.full + STAGES;
     return sh;
 }
