@@ -125,8 +125,9 @@ template <int N, int BC, typename T> FS_DEV_T void bwd_dq_product(float *dq, uin
         wgmma_ss_mn<N, T>(dq, desc_sw128(a + kk * 16 * 128, BC * 128, 1024), desc_sw128(b + kk * 16 * 128, BC * 128, 1024), kk > 0);
 }
 
-/* A consumer thread's work for block blk, the CTA's bi-th (consumer warpgroup cw_arg); s, phase: the ring's stage and phase, steps: (persistent)
- * the CTA's steps so far (dS^T's buffer, the staging's and the turns' first), carried from block to block. */
+/* A consumer thread's work for block blk, the CTA's bi-th (consumer warpgroup cw_arg); s, phase: the ring's stage and
+ * phase, steps: (persistent) the CTA's steps so far (dS^T's buffer, the staging's and the turns' first), carried from
+ * block to block. */
 template <class K>
 FS_DEV_T void sm90_bwd_consumer_block(const sm90_bwd_shared<typename K::T> &sh, const fs_sm90_bwd_args &a,
                                       const sm90_bwd_block &blk, int cw_arg, int bi, int &s, int &phase, int &steps)
@@ -352,12 +353,11 @@ FS_DEV_T void sm90_bwd_consumer_block(const sm90_bwd_shared<typename K::T> &sh, 
      * thread's), this thread's key rows key0, key0 + 8: inside the sequence, zeros past it in a padded batch (none for
      * packed rows); the columns past p.D (zeros: sm90_kernel_dim) are not stored */
     if (a.rotary) {
-        const float base = a.rotary_base;
-        if constexpr (D != 128) bwd_unrotate<D / 16, NO>(dk, key0, t4, p.D, base);
-        else if (p.D == 80) bwd_unrotate<5, NO>(dk, key0, t4, p.D, base); /* deterministic runs */
-        else if (p.D == 96) bwd_unrotate<6, NO>(dk, key0, t4, p.D, base);
-        else if (p.D == 112) bwd_unrotate<7, NO>(dk, key0, t4, p.D, base);
-        else bwd_unrotate<8, NO>(dk, key0, t4, p.D, base);
+        if constexpr (D != 128) bwd_unrotate<D / 16, NO>(dk, key0, t4, p.D, a.rotary_base);
+        else if (p.D == 80) bwd_unrotate<5, NO>(dk, key0, t4, p.D, a.rotary_base); /* deterministic runs */
+        else if (p.D == 96) bwd_unrotate<6, NO>(dk, key0, t4, p.D, a.rotary_base);
+        else if (p.D == 112) bwd_unrotate<7, NO>(dk, key0, t4, p.D, a.rotary_base);
+        else bwd_unrotate<8, NO>(dk, key0, t4, p.D, a.rotary_base);
     }
     const int rows = p.cu_seqlens_q ? k_len : p.Sk;
 #pragma unroll

@@ -58,10 +58,10 @@ template <int D_, typename T_, bool CAUSAL_, bool ORDERED_, bool T5_, bool DELTA
     static constexpr int CONSUMER_REGS = D_ == 64 && !CAUSAL_ && !ORDERED_ ? 232 : tile::REGS;
     static constexpr int PRODUCER_REGS = (168 * 384 - 256 * CONSUMER_REGS) / 128;
     /* a persistent grid (one CTA per SM taking the blocks by stride) for the instantiation whose blocks are alike in
-     * work and that measured faster: non-causal D = 64 (H200, bf16, 16 x 32 x 1024 x 64 924 -> 905 us, 4 x 32 x 4096 x 64
-     * 3,070 -> 2,963); by stride causal D = 128 ran 1.4x slower (its busiest CTA far above the mean) and non-causal
-     * D = 128 at 1,024 tokens 3% slower. Elsewhere one CTA per block (deterministic runs always: a block waiting for
-     * the key blocks before its own then never waits for a block no CTA has started) */
+     * work and that measured faster: non-causal D = 64 (H200, bf16, 4 x 32 x 4096 x 64 3,042 -> 2,942 us, ESM2-3B's
+     * 8 x 40 x 1024 x 64 596 -> 584); by stride causal D = 128 ran 1.4x slower (its busiest CTA far above the mean) and
+     * non-causal D = 128 at 1,024 tokens 3% slower. Elsewhere one CTA per block (deterministic runs always: a block
+     * waiting for the key blocks before its own then never waits for a block no CTA has started) */
     static constexpr bool PERSIST = D_ == 64 && !CAUSAL_ && !ORDERED_ && !T5_;
     /* the T5 region's floats in shared memory */
     static constexpr int T5_FLOATS = T5_ ? FS_SM90_BWD_T5_FLOATS : 0;
