@@ -249,16 +249,16 @@ def run_backward(dtype_name, out_dir, fasta=None):
     props = torch.cuda.get_device_properties(0)
     print(f"GPU: {props.name}; torch {torch.__version__}; dtype {dtype_name}", flush=True)
     rows = []
+
+    def add(row):
+        rows.append(row)
+        print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in row.items()),
+              flush=True)
     for (label, shape), causal in itertools.chain(((("sweep", c), cz) for c in SWEEP for cz in (False, True)),
                                                   ((p, False) for p in PROTEIN)):
-        row = bench_dense(torch, dtype, causal, label, *shape)
-        rows.append(row)
-        print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in row.items()),
-              flush=True)
+        add(bench_dense(torch, dtype, causal, label, *shape))
     for row in bench_t5(torch, dtype):
-        rows.append(row)
-        print(" ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}" for key, val in row.items()),
-              flush=True)
+        add(row)
     path, lengths = read_lengths(fasta)
     rows += bench_varlen(torch, dtype, lengths)
     meta = {"gpu": props.name, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "dtype": dtype_name,
