@@ -1,7 +1,8 @@
 """Hopper attention backward, quick look: flashsci's backward against cuDNN's (SDPA) on a few shapes, TF/s and ratio
-in pairs of turns; with --one N, a single flashsci backward of shape N of SHAPES (for ncu); with --sm80, the portable
-kernel forced, against SDPA's FlashAttention-2 backward; --shape B,H,S,D[,c] (repeatable) instead of SHAPES.
-   python3 benchmarks/experiments/backward_sm90_quick.py [--one N] [--sm80] [--shape 2,8,4096,256,c]"""
+in pairs of turns; with --one N, a single flashsci backward of shape N of SHAPES (for ncu; with --cudnn, SDPA's cuDNN
+backward instead); with --sm80, the portable kernel forced, against SDPA's FlashAttention-2 backward; --shape
+B,H,S,D[,c] (repeatable) instead of SHAPES.
+   python3 benchmarks/experiments/backward_sm90_quick.py [--one N [--cudnn]] [--sm80] [--shape 2,8,4096,256,c]"""
 import sys
 
 import torch
@@ -18,9 +19,13 @@ def main():
     from torch.nn.attention import SDPBackend
     if "--one" in sys.argv:
         b, h, s, d, causal = SHAPES[int(sys.argv[sys.argv.index("--one") + 1])]
-        q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-        out, lse = flashsci.attention(q, k, v, causal=causal, return_lse=True)
-        flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal)
+        if "--cudnn" in sys.argv:
+            sets = backward_sets(torch, b, h, s, d, torch.bfloat16, causal, {"cudnn": SDPBackend.CUDNN_ATTENTION}, 1)
+            torch_backward(torch, "cudnn")(*sets[0])
+        else:
+            q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            out, lse = flashsci.attention(q, k, v, causal=causal, return_lse=True)
+            flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal)
         torch.cuda.synchronize()
         return
     sm80 = "--sm80" in sys.argv

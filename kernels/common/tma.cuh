@@ -100,35 +100,40 @@ static inline fs_encode_tiled_fn fs_encode_tiled(void)
     return fn;
 }
 
-/* A tensor map of rank dims (innermost first; strides of the outer dims in bytes) over fp16 / bf16 data, read
- * in boxes of box[] elements swizzled by the box's row width (box[0] = 64: the 128-byte swizzle, 32: the 64-byte
- * one); rows past the ends read as zeros. */
-static inline cudaError_t fs_make_tensor_map(CUtensorMap *map, const void *base, int bf16, int rank, const cuuint64_t *dims,
-                                             const cuuint64_t *strides, const cuuint32_t *box)
+/* A tensor map of rank dims (innermost first; strides of the outer dims in bytes) over `type` elements, read in boxes
+ * of box[] elements with the given swizzle; rows past the ends read as zeros. */
+static inline cudaError_t fs_encode_tensor_map(CUtensorMap *map, CUtensorMapDataType type, const void *base, int rank,
+                                               const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box,
+                                               CUtensorMapSwizzle swizzle)
 {
     static const cuuint32_t ones[5] = {1, 1, 1, 1, 1};
     fs_encode_tiled_fn encode = fs_encode_tiled();
     if (!encode) return cudaErrorNotSupported;
-    CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, (cuuint32_t)rank,
-                        const_cast<void *>(base), dims, strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        box[0] == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    CUresult r = encode(map, type, (cuuint32_t)rank, const_cast<void *>(base), dims, strides, box, ones,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-/* A 2-D tensor map over float32 rows (dims[0] columns, dims[1] rows, row_bytes apart) in boxes of 32 columns (128 bytes,
- * the 128-byte swizzle: 16-byte chunk x of box row y at x ^ (y % 8)) by box_rows rows. */
+/* ... over fp16 / bf16 data, swizzled by the box's row width (box[0] = 64: the 128-byte swizzle, 32: the 64-byte
+ * one). */
+static inline cudaError_t fs_make_tensor_map(CUtensorMap *map, const void *base, int bf16, int rank,
+                                             const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box)
+{
+    CUtensorMapDataType type = bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    CUtensorMapSwizzle swizzle = box[0] == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+    return fs_encode_tensor_map(map, type, base, rank, dims, strides, box, swizzle);
+}
+
+/* ... over float32 rows (cols columns, rows rows, row_bytes apart) in boxes of 32 columns (128 bytes, the 128-byte
+ * swizzle: 16-byte chunk x of box row y at x ^ (y % 8)) by box_rows rows. */
 static inline cudaError_t fs_make_tensor_map_f32(CUtensorMap *map, const void *base, cuuint64_t cols, cuuint64_t rows,
                                                  cuuint64_t row_bytes, cuuint32_t box_rows)
 {
-    static const cuuint32_t ones[2] = {1, 1};
     const cuuint64_t dims[2] = {cols, rows}, strides[1] = {row_bytes};
     const cuuint32_t box[2] = {32, box_rows};
-    fs_encode_tiled_fn encode = fs_encode_tiled();
-    if (!encode) return cudaErrorNotSupported;
-    CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<void *>(base), dims, strides, box, ones,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+    return fs_encode_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, base, 2, dims, strides, box,
+                                CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 #endif

@@ -26,6 +26,8 @@ typedef struct {
  * its table's gradient (non-causal, not deterministic, no grouped heads, up to FS_SM90_BWD_T5_MAX relative positions);
  * not the additive bias. */
 int fs_sm90_backward_covers(const fs_attn_bwd_params *g, int rotary, int rotary_dim);
+/* The kernel's key blocks (Bc = 128 keys at every head dim) per batch and K/V head. */
+int fs_sm90_bwd_kblocks(const fs_attn_params *p);
 /* The floats of a head's T5 table as the kernel loads it (w->t5_rows holds H of them), and those of the gradient's
  * sums by relative position per batch, head and key block (w->t5_part). */
 int fs_sm90_bwd_t5_row(const fs_attn_params *p);

@@ -17,11 +17,18 @@ int fs_sm90_bwd_t5_row(const fs_attn_params *p)
     return (n + 2 * FS_SM90_T5_PAD + 3) / 4 * 4;
 }
 
+int fs_sm90_bwd_kblocks(const fs_attn_params *p)
+{
+    static_assert(fs_sm90_bwd_tile<64>::BC == 128 && fs_sm90_bwd_tile<80>::BC == 128 &&
+                  fs_sm90_bwd_tile<128>::BC == 128, "one key-block count for every head dim");
+    return (p->Sk + 127) / 128;
+}
+
 size_t fs_sm90_bwd_t5_part_floats(const fs_attn_params *p)
 {
     int lneg, n;
     fs_t5_span(p, &lneg, &n);
-    return (size_t)p->B * p->H * ((p->Sk + 127) / 128) * n; /* the kernel's key blocks: Bc = 128 at every head dim */
+    return (size_t)p->B * p->H * fs_sm90_bwd_kblocks(p) * n;
 }
 
 /* Whether the kernel takes g's T5 bias: the instantiation with it is non-causal and keeps dQ's atomics, its blocks
@@ -31,7 +38,6 @@ static int t5_covered(const fs_attn_bwd_params *g)
     const fs_attn_params *p = &g->p;
     int lneg, n;
     fs_t5_span(p, &lneg, &n);
-    static_assert(fs_sm90_bwd_tile<64>::BC == 128 && fs_sm90_bwd_tile<128>::BC == 128, "fs_sm90_bwd_t5_part_floats");
     return !p->causal && !g->deterministic && p->kv_group == 1 && n <= FS_SM90_BWD_T5_MAX;
 }
 

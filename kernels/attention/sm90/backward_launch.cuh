@@ -28,7 +28,7 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     a.order_tiles = (p->Sq + 63) / 64;
     a.rotary = w->rotary;
     a.rotary_base = w->rotary_base;
-    a.n_kblocks = (p->Sk + tile::BC - 1) / tile::BC;
+    a.n_kblocks = fs_sm90_bwd_kblocks(p);
     a.t5_rows = w->t5_rows;
     a.t5_part = DELTA ? NULL : w->t5_part;
     a.delta_out = DELTA ? w->delta : NULL;

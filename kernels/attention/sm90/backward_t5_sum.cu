@@ -38,7 +38,7 @@ cudaError_t fs_sm90_backward_t5_sum(const fs_attn_bwd_params *g, const float *pa
 {
     static fs_kernel handle;
     fs_attn_params p = g->p;
-    int lneg, n, parts = (p.Sk + 127) / 128; /* the main kernel's key blocks (fs_sm90_bwd_t5_part_floats) */
+    int lneg, n, parts = fs_sm90_bwd_kblocks(&p);
     fs_t5_span(&p, &lneg, &n);
     float *dtable = g->dtable;
     int64_t sh = g->dtable_sh;
