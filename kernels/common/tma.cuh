@@ -125,15 +125,14 @@ static inline cudaError_t fs_make_tensor_map(CUtensorMap *map, const void *base,
     return fs_encode_tensor_map(map, type, base, rank, dims, strides, box, swizzle);
 }
 
-/* ... over float32 rows (cols columns, rows rows, row_bytes apart) in boxes of 32 columns (128 bytes, the 128-byte
- * swizzle: 16-byte chunk x of box row y at x ^ (y % 8)) by box_rows rows. */
+/* ... over float32 rows (cols columns, rows rows, row_bytes apart) in unswizzled boxes of box_cols x box_rows. */
 static inline cudaError_t fs_make_tensor_map_f32(CUtensorMap *map, const void *base, cuuint64_t cols, cuuint64_t rows,
-                                                 cuuint64_t row_bytes, cuuint32_t box_rows)
+                                                 cuuint64_t row_bytes, cuuint32_t box_cols, cuuint32_t box_rows)
 {
     const cuuint64_t dims[2] = {cols, rows}, strides[1] = {row_bytes};
-    const cuuint32_t box[2] = {32, box_rows};
+    const cuuint32_t box[2] = {box_cols, box_rows};
     return fs_encode_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, base, 2, dims, strides, box,
-                                CU_TENSOR_MAP_SWIZZLE_128B);
+                                CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 #endif

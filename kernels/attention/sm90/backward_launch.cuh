@@ -64,7 +64,7 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
         /* the dQ accumulator as rows of D floats (staged dQ's TMA reductions; their row coordinates are int32) */
         const int64_t rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
         err = rows > 0x7fffffffLL ? cudaErrorInvalidConfiguration
-                                  : fs_make_tensor_map_f32(&mdq, w->dq_acc, p->D, rows, 4 * (cuuint64_t)p->D, 64);
+                                  : fs_make_tensor_map_f32(&mdq, w->dq_acc, p->D, rows, 4 * (cuuint64_t)p->D, 16, 64);
     }
     if (T5 && (DELTA || !w->t5_part) && err == cudaSuccess) /* once: the delta pass runs first with the same tables */
         err = fs_sm90_t5_expand(p, a.t5_lneg, a.t5_n, a.t5_row, FS_LOG2E, w->t5_rows, device, stream);

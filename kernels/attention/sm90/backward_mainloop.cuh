@@ -27,10 +27,10 @@
 #include "common/tma.cuh"
 
 #ifdef FS_WGMMA
-/* dQ share c (0, 1) of consumer warpgroup cw in the staging: boxes of 32 columns x 64 rows (8 KiB), the warpgroup's
- * two after each other; its origin in the tile: D = 64 rows 64 cw, columns 32 c; D = 128 rows 0, columns 64 cw + 32 c. */
+/* dQ share c (0-3) of consumer warpgroup cw in the staging: boxes of 16 columns x 64 rows (4 KiB), the warpgroup's
+ * four after each other; its origin in the tile: D = 64 rows 64 cw, columns 16 c; D = 128 rows 0, columns 64 cw + 16 c. */
 template <int D> FS_DEV_T int bwd_dq_box_row(int cw) { return D == 64 ? 64 * cw : 0; }
-template <int D> FS_DEV_T int bwd_dq_box_col(int cw, int c) { return (D == 64 ? 0 : 64 * cw) + 32 * c; }
+template <int D> FS_DEV_T int bwd_dq_box_col(int cw, int c) { return (D == 64 ? 0 : 64 * cw) + 16 * c; }
 
 /* The dQ writer (K::STAGED) for block blk: per step and consumer warpgroup, once its share is staged, lane 0 adds the
  * share's boxes into the accumulator (rows at fs_bwd_row; a tile's rows past its head or sequence add zeros, rows past
@@ -52,9 +52,9 @@ FS_DEV_T void sm90_bwd_dq_writer_block(const sm90_bwd_shared<typename K::T> &sh,
                 bwd_dq_staged_wait(cw);
                 if (lane == 0) {
 #pragma unroll
-                    for (int c = 0; c < 2; c++)
+                    for (int c = 0; c < 4; c++)
                         if (bwd_dq_box_col<K::D>(cw, c) < p.D)
-                            tma_reduce_add_2d(&map_dq, sh.sdQ + (2 * cw + c) * 64 * 32, bwd_dq_box_col<K::D>(cw, c),
+                            tma_reduce_add_2d(&map_dq, sh.sdQ + (4 * cw + c) * 64 * 16, bwd_dq_box_col<K::D>(cw, c),
                                               row + bwd_dq_box_row<K::D>(cw));
                     bulk_commit();
                     bulk_wait_read();
@@ -297,19 +297,20 @@ FS_DEV_T void sm90_bwd_consumer_block(const sm90_bwd_shared<typename K::T> &sh, 
         wgmma_wait<1>();
         if constexpr (K::STAGED) {
             /* this thread's float4s (column groups 2m, 2m + 1 of its rows; D = 80: warpgroup 1's 16 columns, m = 0)
-             * into its warpgroup's boxes: box m / 2, row y = 16 warp + gr + 8 r of the box, 16-byte chunk x = 4 (m % 2)
-             * + t4 at x ^ (y % 8) = (t4 ^ gr) ^ 4 (m % 2) (the map's 128-byte swizzle; the staging is 1024-byte
-             * aligned, so the chunk is address bits 4-6): one base address, the rest immediates */
+             * into its warpgroup's boxes of 16 columns (64-byte rows, unswizzled): box m, row y = 16 warp + gr + 8 r,
+             * 16-byte chunk t4. The eight lanes of a store's wavefront (gr = 2k, 2k + 1) fill two whole rows, 128
+             * contiguous bytes (with 128-byte rows of 32 columns they took the same four chunks of two rows, twice the
+             * wavefronts): one base address, the rest immediates */
             if (step > 0) bwd_dq_free_wait(cw);
-            const uint32_t st_row = smem_addr(sh.sdQ) + cw * 2 * 64 * 128 + (warp * 16 + gr) * 128 + ((t4 ^ gr) << 4);
+            const uint32_t st_row = smem_addr(sh.sdQ) + cw * 4 * 64 * 64 + (warp * 16 + gr) * 64 + t4 * 16;
             const int groups = D == 80 && cw ? 1 : 4;
 #pragma unroll
             for (int r = 0; r < 2; r++)
 #pragma unroll
                 for (int m = 0; m < 4; m++)
                     if (m < groups)
-                        st_shared_v4((st_row ^ (m & 1) << 6) + (m >> 1) * 64 * 128 + r * 8 * 128, dq[8 * m + 2 * r],
-                                     dq[8 * m + 2 * r + 1], dq[8 * m + 4 + 2 * r], dq[8 * m + 5 + 2 * r]);
+                        st_shared_v4(st_row + m * 64 * 64 + r * 8 * 64, dq[8 * m + 2 * r], dq[8 * m + 2 * r + 1],
+                                     dq[8 * m + 4 + 2 * r], dq[8 * m + 5 + 2 * r]);
             fence_proxy_async();
             bwd_dq_staged(cw);
         } else {

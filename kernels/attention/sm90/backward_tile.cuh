@@ -94,7 +94,7 @@ typedef struct {
 
 /* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two
  * buffers of dS^T (64-query panels of Bc rows, as dQ's MN-major A), dQ_i's float32 staging where the tile stages it
- * (boxes of 32 columns by 64 rows, 128-byte swizzle), STAGES buffers of L_i log2 e and D_i, the T5 region (T5 kernels),
+ * (boxes of 16 columns by 64 rows, unswizzled), STAGES buffers of L_i log2 e and D_i, the T5 region (T5 kernels),
  * the mbarriers (K_j, V_j full and empty, the ring's full and empty); plus 1 KiB alignment slack */
 template <int D, bool T5> constexpr int sm90_bwd_smem()
 {
