@@ -1,5 +1,6 @@
 /* Hopper attention backward: the named barriers its warps meet at (0 is __syncthreads). 1: both consumer warpgroups;
- * 2, 3: their turns at the tensor cores; 4-7: deterministic dQ's order warps; 8-11: staged dQ's writer warp. */
+ * 2, 3: their turns at the tensor cores; 4-7: deterministic dQ's order warps; 8-11: staged dQ's writer warp; 12, 13:
+ * each consumer warpgroup by itself. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_BARRIERS_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_BARRIERS_CUH
 
@@ -8,6 +9,8 @@
 #ifdef FS_WGMMA
 /* Both consumer warpgroups (256 threads) at named barrier 1: each one's dS^T is in shared memory. */
 FS_DEV void bwd_consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+/* Consumer warpgroup cw's 128 threads at named barrier 12 + cw. */
+FS_DEV void bwd_warpgroup_sync(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(12 + cw) : "memory"); }
 /* Named barriers 2, 3 order the warpgroups' S^T and dP^T issues (warpgroup cw waits at 2 + cw for the other's pass): the
  * tensor cores run the first warpgroup's pair ahead of the second's, so one's P^T and dS^T overlap the other's GEMMs
  * rather than both waiting on products issued together. */

@@ -3,7 +3,7 @@
  * the producer (backward_producer.cuh: one warp streams Q_i, dO_i, L_i, D_i), warpgroups 1 and 2 the consumers
  * (backward_mainloop.cuh: 64 keys each; dV, dK in registers, dQ into the float32 accumulator); warp 1 of warpgroup 0
  * adds the consumers' staged dQ by TMA reductions, or in deterministic runs its warps 1 and 2 order the
- * consumers' dQ atomics across key blocks. The passes around it are the portable backward's (Delta and the zeroed
+ * consumers' dQ atomics across key blocks; the consumers store dV, dK (backward_epilogue.cuh). The passes around it are the portable backward's (Delta and the zeroed
  * accumulator before, dQ's conversion after). Design and measurements: docs/notes/attention_backward_sm90.md. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH
@@ -17,7 +17,8 @@ template <int D, typename T, bool CAUSAL, bool ORDERED, bool T5, bool DELTA>
 __global__ void __launch_bounds__(384, 1)
 attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                    const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
-                   const __grid_constant__ CUtensorMap map_dq, const fs_sm90_bwd_args a)
+                   const __grid_constant__ CUtensorMap map_dq, const __grid_constant__ CUtensorMap map_dk,
+                   const __grid_constant__ CUtensorMap map_dv, const fs_sm90_bwd_args a)
 {
 #ifdef FS_WGMMA
     using K = sm90_bwd_config<D, T, CAUSAL, ORDERED, T5, DELTA>;
@@ -43,7 +44,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
         else if (K::ORDERED && threadIdx.x < 96) sm90_bwd_order_warp<K>(a, first, (threadIdx.x >> 5) - 1, threadIdx.x & 31);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(K::CONSUMER_REGS));
-        sm90_bwd_consumer<K>(sh, a, first, (threadIdx.x >> 7) - 1);
+        sm90_bwd_consumer<K>(sh, a, &map_dk, &map_dv, first, (threadIdx.x >> 7) - 1);
     }
 #endif
 }

@@ -55,7 +55,7 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     int sq, sk, nb; /* packed sequences: all rows as one batch */
     sm90_extent(p, 1, &sq, &nb);
     sm90_extent(p, 0, &sk, &nb);
-    CUtensorMap mq, mk, mv, mdo, mdq = {};
+    CUtensorMap mq, mk, mv, mdo, mdq = {}, mdk = {}, mdv = {};
     err = sm90_map(&mq, p->q, bf16, sq, p->H, nb, p->D, p->q_ss, p->q_sh, p->q_sb, tile::BR);
     if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, hkv, nb, p->D, p->k_ss, p->k_sh, p->k_sb, tile::BC);
     if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, hkv, nb, p->D, p->v_ss, p->v_sh, p->v_sb, tile::BC);
@@ -66,11 +66,16 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
         err = rows > 0x7fffffffLL ? cudaErrorInvalidConfiguration
                                   : fs_make_tensor_map_f32(&mdq, w->dq_acc, p->D, rows, 4 * (cuuint64_t)p->D, 16, 64);
     }
+    /* dV, dK by TMA (sm90_bwd_epilogue): one CTA per block, padded batches, strides a map takes; else direct stores */
+    a.dkv_tma = !config::PERSIST && !DELTA && !p->cu_seqlens_q && sm90_strides_ok(sk, hkv, nb, g->dk_ss, g->dk_sh, g->dk_sb) &&
+                sm90_strides_ok(sk, hkv, nb, g->dv_ss, g->dv_sh, g->dv_sb) &&
+                sm90_map(&mdk, g->dk, bf16, sk, hkv, nb, p->D, g->dk_ss, g->dk_sh, g->dk_sb, 64) == cudaSuccess &&
+                sm90_map(&mdv, g->dv, bf16, sk, hkv, nb, p->D, g->dv_ss, g->dv_sh, g->dv_sb, 64) == cudaSuccess;
     if (T5 && (DELTA || !w->t5_part) && err == cudaSuccess) /* once: the delta pass runs first with the same tables */
         err = fs_sm90_t5_expand(p, a.t5_lneg, a.t5_n, a.t5_row, FS_LOG2E, w->t5_rows, device, stream);
     if (err == cudaSuccess)
         err = fs_kernel_prepare((const void *)attention_bwd_sm90<D, T, CAUSAL, ORDERED, T5, DELTA>, &handle, SMEM, device);
-    void *args[] = {&mq, &mk, &mv, &mdo, &mdq, &a};
+    void *args[] = {&mq, &mk, &mv, &mdo, &mdq, &mdk, &mdv, &a};
     if (err == cudaSuccess) err = fs_launch(&handle, device, grid, 384, SMEM, stream, args);
     return err;
 }

@@ -18,8 +18,8 @@
 
 #include <type_traits>
 
-#include "attention/rotary/rotary.cuh"
 #include "attention/sm90/backward_barriers.cuh"
+#include "attention/sm90/backward_epilogue.cuh"
 #include "attention/sm90/backward_producer.cuh"
 #include "attention/sm90/backward_t5.cuh"
 #include "attention/sm90/backward_tile.cuh"
@@ -101,21 +101,6 @@ template <class K> FS_DEV_T void sm90_bwd_order_warp(const fs_sm90_bwd_args &a, 
         }
 }
 
-/* dK (a thread's NO column groups of 8, rows key0 and key0 + 8) rotated back over rd = 16 HALF columns: group n pairs
- * with n + HALF; HALF a constant so that the pairs stay in registers. */
-template <int HALF, int NO>
-FS_DEV_T void bwd_unrotate(float (&dk)[NO * 4], int key0, int t4, int rd, float base)
-{
-#pragma unroll
-    for (int n = 0; n < HALF; n++)
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-            const float inv_freq = rotary_inv_freq(8 * n + 2 * t4 + c, rd, base);
-#pragma unroll
-            for (int r = 0; r < 2; r++) unrotate_pair(dk[4 * n + 2 * r + c], dk[4 * (n + HALF) + 2 * r + c], (float)(key0 + 8 * r), inv_freq);
-        }
-}
-
 /* dQ_i (64 query rows x N columns) = dS K_j: dS^T's query panel at a, K_j's columns at b (both MN-major), Bc / 16
  * k-steps of 16 key rows. */
 template <int N, int BC, typename T> FS_DEV_T void bwd_dq_product(float *dq, uint32_t a, uint32_t b)
@@ -130,7 +115,8 @@ template <int N, int BC, typename T> FS_DEV_T void bwd_dq_product(float *dq, uin
  * block to block. */
 template <class K>
 FS_DEV_T void sm90_bwd_consumer_block(const sm90_bwd_shared<typename K::T> &sh, const fs_sm90_bwd_args &a,
-                                      const sm90_bwd_block &blk, int cw_arg, int bi, int &s, int &phase, int &steps)
+                                      const CUtensorMap *map_dk, const CUtensorMap *map_dv, const sm90_bwd_block &blk,
+                                      int cw_arg, int bi, int &s, int &phase, int &steps)
 {
     using T = typename K::T;
     constexpr int D = K::D, DS = K::DS, BR = K::BR, BC = K::BC, STAGES = K::STAGES, NQ = K::NQ, NO = K::NO;
@@ -350,33 +336,7 @@ FS_DEV_T void sm90_bwd_consumer_block(const sm90_bwd_shared<typename K::T> &sh, 
     if constexpr (K::DELTA) return;
     if (t5_grad) bwd_t5_flush<K>(sh.t5_grad, a, blk, tid - 128);
 
-    /* dV_j and dK_j scaled (and rotated back over the data's head dim p.D: column c pairs with c + p.D / 2, both this
-     * thread's), this thread's key rows key0, key0 + 8: inside the sequence, zeros past it in a padded batch (none for
-     * packed rows); the columns past p.D (zeros: sm90_kernel_dim) are not stored */
-    if (a.rotary) {
-        if constexpr (D != 128) bwd_unrotate<D / 16, NO>(dk, key0, t4, p.D, a.rotary_base);
-        else if (p.D == 80) bwd_unrotate<5, NO>(dk, key0, t4, p.D, a.rotary_base); /* deterministic runs */
-        else if (p.D == 96) bwd_unrotate<6, NO>(dk, key0, t4, p.D, a.rotary_base);
-        else if (p.D == 112) bwd_unrotate<7, NO>(dk, key0, t4, p.D, a.rotary_base);
-        else bwd_unrotate<8, NO>(dk, key0, t4, p.D, a.rotary_base);
-    }
-    const int rows = p.cu_seqlens_q ? k_len : p.Sk;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int key = key0 + 8 * r;
-        if (key >= rows) continue;
-        const float keep = key < k_len ? 1.f : 0.f;
-        const int64_t at = (int64_t)(blk.seq.ko + key);
-        T *dvp = static_cast<T *>(g.dv) + blk.tb * g.dv_sb + blk.hkv * g.dv_sh + at * g.dv_ss + 2 * t4;
-        T *dkp = static_cast<T *>(g.dk) + blk.tb * g.dk_sb + blk.hkv * g.dk_sh + at * g.dk_ss + 2 * t4;
-#pragma unroll
-        for (int n = 0; n < NO; n++)
-            if (D != 128 || 8 * n < p.D) {
-                *reinterpret_cast<uint32_t *>(dvp + 8 * n) = pack2<T>(dv[4 * n + 2 * r] * keep, dv[4 * n + 2 * r + 1] * keep);
-                *reinterpret_cast<uint32_t *>(dkp + 8 * n) =
-                    pack2<T>(dk[4 * n + 2 * r] * a.scale * keep, dk[4 * n + 2 * r + 1] * a.scale * keep);
-            }
-    }
+    sm90_bwd_epilogue<K>(sh, a, map_dk, map_dv, blk, dv, dk, key0, cw);
 }
 
 /* A consumer thread's whole work (consumer warpgroup cw = 0, 1): the CTA's blocks in turn, then (persistent) the last
@@ -384,12 +344,12 @@ FS_DEV_T void sm90_bwd_consumer_block(const sm90_bwd_shared<typename K::T> &sh, 
  * (an arrival before the wait for the one before would complete it without its waiter), so in persistent CTAs the
  * turns and the staging's frees run through the CTA's steps, not per block. */
 template <class K>
-FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const fs_sm90_bwd_args &a, const sm90_bwd_block &first,
-                                int cw)
+FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const fs_sm90_bwd_args &a, const CUtensorMap *map_dk,
+                                const CUtensorMap *map_dv, const sm90_bwd_block &first, int cw)
 {
     int s = 0, phase = 0, steps = 0;
-    if constexpr (!K::PERSIST) return sm90_bwd_consumer_block<K>(sh, a, first, cw, 0, s, phase, steps);
-    SM90_BWD_FOR_EACH_BLOCK(blk, n) sm90_bwd_consumer_block<K>(sh, a, blk, cw, n, s, phase, steps);
+    if constexpr (!K::PERSIST) return sm90_bwd_consumer_block<K>(sh, a, map_dk, map_dv, first, cw, 0, s, phase, steps);
+    SM90_BWD_FOR_EACH_BLOCK(blk, n) sm90_bwd_consumer_block<K>(sh, a, map_dk, map_dv, blk, cw, n, s, phase, steps);
     if (K::PERSIST && cw == 0 && steps > 0) bwd_turn_wait(cw); /* the last pass taken (barrier counts balanced) */
     if (K::PERSIST && K::STAGED && steps > 0) bwd_dq_free_wait(cw);
 }

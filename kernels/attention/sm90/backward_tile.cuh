@@ -80,6 +80,7 @@ typedef struct {
     int section;         /* causal: K/V heads per section of the block order (sm90_bwd_block_of) */
     int rotary;          /* rotate dK back (the forward rotated k by rotary_base over all D columns) */
     float rotary_base;
+    int dkv_tma;         /* dV, dK stored by TMA through the kernel's dk / dv tensor maps (sm90_bwd_epilogue) */
     int *dq_order;       /* deterministic runs: per (batch, query head, query tile of Br, consumer warpgroup) the key
                           * blocks whose dQ share has been added, ((b H + h) order_tiles + tile) 2 + cw; zeroed */
     int order_tiles;     /* tiles of 64 queries per head (>= the tiles of Br) */
