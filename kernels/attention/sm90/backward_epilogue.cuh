@@ -58,20 +58,20 @@ FS_DEV_T void bwd_store_tma(const sm90_bwd_shared<typename K::T> &sh, const CUte
     bwd_warpgroup_sync(cw);
 }
 
-/* dV_j and dK_j of consumer warpgroup cw's keys key0, key0 + 8 (this thread's rows) out: dK scaled and rotated back
+/* dV_j and dK_j of consumer warpgroup cw's keys key0, key0 + 8 (this thread's rows; t4: its lane % 4) out: dK scaled and rotated back
  * over the data's head dim p.D (column c pairs with c + p.D / 2, both this thread's); inside the sequence, zeros past
  * it in a padded batch (none for packed rows); the columns past p.D (zeros: sm90_kernel_dim) are not stored. The
  * warpgroup's products have all completed, and V_j's rows of this warpgroup are read by its own products only. */
 template <class K>
 FS_DEV_T void sm90_bwd_epilogue(const sm90_bwd_shared<typename K::T> &sh, const fs_sm90_bwd_args &a, const CUtensorMap *map_dk,
                                 const CUtensorMap *map_dv, const sm90_bwd_block &blk, float (&dv)[K::NO * 4],
-                                float (&dk)[K::NO * 4], int key0, int cw)
+                                float (&dk)[K::NO * 4], int key0, int t4, int cw)
 {
     using T = typename K::T;
     constexpr int D = K::D, NO = K::NO;
     const fs_attn_bwd_params &g = a.g;
     const fs_attn_params &p = g.p;
-    const int t4 = threadIdx.x & 3, k_len = blk.seq.k_len;
+    const int k_len = blk.seq.k_len;
     if (a.rotary) {
         if constexpr (D != 128) bwd_unrotate<D / 16, NO>(dk, key0, t4, p.D, a.rotary_base);
         else if (p.D == 80) bwd_unrotate<5, NO>(dk, key0, t4, p.D, a.rotary_base); /* deterministic runs */

@@ -336,7 +336,7 @@ FS_DEV_T void sm90_bwd_consumer_block(const sm90_bwd_shared<typename K::T> &sh, 
     if constexpr (K::DELTA) return;
     if (t5_grad) bwd_t5_flush<K>(sh.t5_grad, a, blk, tid - 128);
 
-    sm90_bwd_epilogue<K>(sh, a, map_dk, map_dv, blk, dv, dk, key0, cw);
+    sm90_bwd_epilogue<K>(sh, a, map_dk, map_dv, blk, dv, dk, key0, t4, cw);
 }
 
 /* A consumer thread's whole work (consumer warpgroup cw = 0, 1): the CTA's blocks in turn, then (persistent) the last
