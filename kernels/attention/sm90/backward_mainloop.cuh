@@ -112,7 +112,9 @@ template <int N, int BC, typename T> FS_DEV_T void bwd_dq_product(float *dq, uin
 
 /* A consumer thread's work for block blk, the CTA's bi-th (consumer warpgroup cw_arg); s, phase: the ring's stage and
  * phase, steps: (persistent) the CTA's steps so far (dS^T's buffer, the staging's and the turns' first), carried from
- * block to block. */
+ * block to block. The delta pass's instantiation (K::DELTA) ends each step after P^T and dP^T (continue): the rest of
+ * the step is unreachable there by design, hence no warning 128. */
+#pragma nv_diag_suppress 128
 template <class K>
 FS_DEV_T void sm90_bwd_consumer_block(const sm90_bwd_shared<typename K::T> &sh, const fs_sm90_bwd_args &a,
                                       const CUtensorMap *map_dk, const CUtensorMap *map_dv, const sm90_bwd_block &blk,
@@ -338,6 +340,7 @@ FS_DEV_T void sm90_bwd_consumer_block(const sm90_bwd_shared<typename K::T> &sh, 
 
     sm90_bwd_epilogue<K>(sh, a, map_dk, map_dv, blk, dv, dk, key0, t4, cw);
 }
+#pragma nv_diag_default 128
 
 /* A consumer thread's whole work (consumer warpgroup cw = 0, 1): the CTA's blocks in turn, then (persistent) the last
  * turn's pass and the writer's free of the last staging taken. A named barrier's arrivals and waits alternate strictly
@@ -348,10 +351,13 @@ FS_DEV_T void sm90_bwd_consumer(const sm90_bwd_shared<typename K::T> &sh, const 
                                 const CUtensorMap *map_dv, const sm90_bwd_block &first, int cw)
 {
     int s = 0, phase = 0, steps = 0;
-    if constexpr (!K::PERSIST) return sm90_bwd_consumer_block<K>(sh, a, map_dk, map_dv, first, cw, 0, s, phase, steps);
-    SM90_BWD_FOR_EACH_BLOCK(blk, n) sm90_bwd_consumer_block<K>(sh, a, map_dk, map_dv, blk, cw, n, s, phase, steps);
-    if (K::PERSIST && cw == 0 && steps > 0) bwd_turn_wait(cw); /* the last pass taken (barrier counts balanced) */
-    if (K::PERSIST && K::STAGED && steps > 0) bwd_dq_free_wait(cw);
+    if constexpr (!K::PERSIST) {
+        sm90_bwd_consumer_block<K>(sh, a, map_dk, map_dv, first, cw, 0, s, phase, steps);
+    } else {
+        SM90_BWD_FOR_EACH_BLOCK(blk, n) sm90_bwd_consumer_block<K>(sh, a, map_dk, map_dv, blk, cw, n, s, phase, steps);
+        if (cw == 0 && steps > 0) bwd_turn_wait(cw); /* the last pass taken (barrier counts balanced) */
+        if (K::STAGED && steps > 0) bwd_dq_free_wait(cw);
+    }
 }
 #endif
 
