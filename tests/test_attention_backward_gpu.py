@@ -246,6 +246,27 @@ def test_strided_inputs():
     assert torch.isfinite(dqkv).all()
 
 
+@pytest.mark.parametrize("pad", [4, 8])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gradients_into_padded_rows(d, causal, pad):
+    """dq, dk, dv into views of buffers whose rows are d + pad elements apart: pad 8 keeps rows 16-byte aligned (the
+    Hopper kernel stores dK, dV by TMA where a CTA takes one block), pad 4 does not (each thread's stores); the pad
+    columns stay as they were."""
+    b, h, s = 2, 4, 300
+    q, k, v, dout = (rand(b, h, s, d) for _ in range(4))
+    out, lse = flashsci.attention(q, k, v, causal=causal, return_lse=True)
+    bufs = [torch.full((b, h, s, d + pad), float("nan"), dtype=q.dtype, device="cuda") for _ in range(3)]
+    dq, dk, dv = flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal, dq=bufs[0][..., :d],
+                                             dk=bufs[1][..., :d], dv=bufs[2][..., :d])
+    ref = grads(attention64, *(x.double() for x in (q, k, v)), dout.double(), scale=d ** -0.5,
+                keep=causal_keep(s, s) if causal else None)
+    theirs = grads(attention_lowp, q, k, v, dout, scale=d ** -0.5, causal=causal)
+    check((dq, dk, dv), ref, theirs, f"rows of {d} + {pad}")
+    for buf in bufs:
+        assert buf[..., d:].isnan().all(), "a gradient was written into the padding between rows"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [64, 128])
 def test_key_padding_mask_and_seqlens(d, dtype):
