@@ -58,10 +58,11 @@ FS_DEV_T void bwd_store_tma(const sm90_bwd_shared<typename K::T> &sh, const CUte
     bwd_warpgroup_sync(cw);
 }
 
-/* dV_j and dK_j of consumer warpgroup cw's keys key0, key0 + 8 (this thread's rows; t4: its lane % 4) out: dK scaled and rotated back
- * over the data's head dim p.D (column c pairs with c + p.D / 2, both this thread's); inside the sequence, zeros past
- * it in a padded batch (none for packed rows); the columns past p.D (zeros: sm90_kernel_dim) are not stored. The
- * warpgroup's products have all completed, and V_j's rows of this warpgroup are read by its own products only. */
+/* dV_j and dK_j of consumer warpgroup cw's keys key0, key0 + 8 (this thread's rows; t4: its lane % 4, which persistent
+ * consumers read per block) out: dK scaled and rotated back over the data's head dim p.D (column c pairs with c + p.D /
+ * 2, both this thread's); inside the sequence, zeros past it in a padded batch (none for packed rows); the columns
+ * past p.D (zeros: sm90_kernel_dim) are not stored. The warpgroup's products have all completed, and V_j's rows of
+ * this warpgroup are read by its own products only. */
 template <class K>
 FS_DEV_T void sm90_bwd_epilogue(const sm90_bwd_shared<typename K::T> &sh, const fs_sm90_bwd_args &a, const CUtensorMap *map_dk,
                                 const CUtensorMap *map_dv, const sm90_bwd_block &blk, float (&dv)[K::NO * 4],

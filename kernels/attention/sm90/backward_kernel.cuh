@@ -3,8 +3,9 @@
  * the producer (backward_producer.cuh: one warp streams Q_i, dO_i, L_i, D_i), warpgroups 1 and 2 the consumers
  * (backward_mainloop.cuh: 64 keys each; dV, dK in registers, dQ into the float32 accumulator); warp 1 of warpgroup 0
  * adds the consumers' staged dQ by TMA reductions, or in deterministic runs its warps 1 and 2 order the
- * consumers' dQ atomics across key blocks; the consumers store dV, dK (backward_epilogue.cuh). The passes around it are the portable backward's (Delta and the zeroed
- * accumulator before, dQ's conversion after). Design and measurements: docs/notes/attention_backward_sm90.md. */
+ * consumers' dQ atomics across key blocks; the consumers store dV, dK (backward_epilogue.cuh). The passes around it
+ * are the portable backward's (Delta and the zeroed accumulator before, dQ's conversion after). Design and
+ * measurements: docs/notes/attention_backward_sm90.md. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH
 

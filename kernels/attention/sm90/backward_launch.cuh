@@ -67,7 +67,8 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
                                   : fs_make_tensor_map_f32(&mdq, w->dq_acc, p->D, rows, 4 * (cuuint64_t)p->D, 16, 64);
     }
     /* dV, dK by TMA (sm90_bwd_epilogue): one CTA per block, padded batches, strides a map takes; else direct stores */
-    a.dkv_tma = !config::PERSIST && !DELTA && !p->cu_seqlens_q && sm90_strides_ok(sk, hkv, nb, g->dk_ss, g->dk_sh, g->dk_sb) &&
+    a.dkv_tma = !config::PERSIST && !DELTA && !p->cu_seqlens_q &&
+                sm90_strides_ok(sk, hkv, nb, g->dk_ss, g->dk_sh, g->dk_sb) &&
                 sm90_strides_ok(sk, hkv, nb, g->dv_ss, g->dv_sh, g->dv_sb) &&
                 sm90_map(&mdk, g->dk, bf16, sk, hkv, nb, p->D, g->dk_ss, g->dk_sh, g->dk_sb, 64) == cudaSuccess &&
                 sm90_map(&mdv, g->dv, bf16, sk, hkv, nb, p->D, g->dv_ss, g->dv_sh, g->dv_sb, 64) == cudaSuccess;
