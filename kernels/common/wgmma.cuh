@@ -39,6 +39,21 @@ FS_DEV void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, ui
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
                  "r"(r3) : "memory");
 }
+/* A warpgroup's m64 accumulator (8 NO columns: x[4 n + 2 r + c] is row 16 warp + gr + 8 r, column 8 n + 2 t4 + c),
+ * times mul[r], as T into a tile of 128-byte rows in 64-column halves half_bytes apart at tile, 128-byte swizzle
+ * (16-byte chunk k of row y at k ^ (y % 8)). Column groups n, n + 1 by one stmatrix: matrix i = lane / 8 holds rows
+ * 8 (i & 1) .. + 7 of the warp's 16 and chunk n % 8 + i / 2 of half n / 8. */
+template <int NO, typename T>
+FS_DEV_T void stmatrix_rows_sw128(uint32_t tile, int half_bytes, const float (&x)[NO * 4], const float (&mul)[2], int warp,
+                                  int lane)
+{
+    const uint32_t row_addr = tile + (warp * 16 + 8 * ((lane >> 3) & 1) + (lane & 7)) * 128;
+#pragma unroll
+    for (int n = 0; n < NO; n += 2)
+        stmatrix_x4(row_addr + (n / 8) * half_bytes + (((n % 8 + (lane >> 4)) ^ (lane & 7)) << 4),
+                    pack2<T>(x[4 * n] * mul[0], x[4 * n + 1] * mul[0]), pack2<T>(x[4 * n + 2] * mul[1], x[4 * n + 3] * mul[1]),
+                    pack2<T>(x[4 * n + 4] * mul[0], x[4 * n + 5] * mul[0]), pack2<T>(x[4 * n + 6] * mul[1], x[4 * n + 7] * mul[1]));
+}
 
 /* D (64 x N, fp32) (+)= A (64 x 16, shared, K-major) B (16 x N, shared, K-major); acc = 0 overwrites D. */
 template <int N, typename T> FS_DEV_T void wgmma_ss(float d[N / 2], uint64_t da, uint64_t db, int acc);

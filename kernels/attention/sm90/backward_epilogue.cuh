@@ -29,10 +29,9 @@ FS_DEV_T void bwd_unrotate(float (&dk)[NO * 4], int key0, int t4, int rd, float 
 }
 
 /* One tensor (x: dV or dK, times mul[r] for row r) of consumer warpgroup cw's 64 keys through its rows of V_j's tile
- * (64-column halves of Bc rows, 128-byte swizzle: 16-byte chunk k of row y at k ^ (y % 8)) to map's rows row0.. of
- * K/V head hkv, batch tb; the map drops rows and columns past its ends. Column groups n, n + 1 by one stmatrix: matrix
- * i = lane / 8 holds rows 8 (i & 1) .. + 7 of the warp's 16 and chunk n % 8 + i / 2 of half n / 8. The warpgroup's
- * first thread issues the store and waits for it to have read the tile before the warpgroup writes it again. */
+ * (64-column halves of Bc rows, 128-byte swizzle) to map's rows row0.. of K/V head hkv, batch tb; the map drops rows
+ * and columns past its ends. The warpgroup's first thread issues the store and waits for it to have read the tile
+ * before the warpgroup writes it again. */
 template <class K>
 FS_DEV_T void bwd_store_tma(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap *map, const float (&x)[K::NO * 4],
                             const float (&mul)[2], int cw, int row0, int hkv, int tb)
@@ -41,12 +40,7 @@ FS_DEV_T void bwd_store_tma(const sm90_bwd_shared<typename K::T> &sh, const CUte
     constexpr int NO = K::NO, BC = K::BC;
     const int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31;
     T *tile = sh.sV + cw * 64 * 64;
-    const uint32_t row_addr = smem_addr(tile) + (warp * 16 + 8 * ((lane >> 3) & 1) + (lane & 7)) * 128;
-#pragma unroll
-    for (int n = 0; n < NO; n += 2)
-        stmatrix_x4(row_addr + (n / 8) * BC * 128 + (((n % 8 + (lane >> 4)) ^ (lane & 7)) << 4),
-                    pack2<T>(x[4 * n] * mul[0], x[4 * n + 1] * mul[0]), pack2<T>(x[4 * n + 2] * mul[1], x[4 * n + 3] * mul[1]),
-                    pack2<T>(x[4 * n + 4] * mul[0], x[4 * n + 5] * mul[0]), pack2<T>(x[4 * n + 6] * mul[1], x[4 * n + 7] * mul[1]));
+    stmatrix_rows_sw128<NO, T>(smem_addr(tile), BC * 128, x, mul, warp, lane);
     fence_proxy_async();
     bwd_warpgroup_sync(cw);
     if (tid == 0) {

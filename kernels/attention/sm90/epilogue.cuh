@@ -85,14 +85,7 @@ template <int D, int NWG, typename T, bool FEAT> struct sm90_epilogue {
                 if ((threadIdx.x & 127) == 0) bulk_wait_read();
                 warpgroup_sync<NWG>(cw);
             }
-            /* column groups n, n + 1 by one stmatrix: matrix i = lane / 8 holds rows 8 (i & 1) .. + 7 of the warp's 16
-             * and 16-byte chunk n % 8 + i / 2 of 64-column half n / 8 */
-            const uint32_t row_addr = smem_addr(tile) + (warp * 16 + 8 * ((lane >> 3) & 1) + (lane & 7)) * 128;
-#pragma unroll
-            for (int n = 0; n < NO; n += 2)
-                stmatrix_x4(row_addr + (n / 8) * 8192 + (((n % 8 + (lane >> 4)) ^ (lane & 7)) << 4),
-                            pack2<T>(o[4 * n] * inv[0], o[4 * n + 1] * inv[0]), pack2<T>(o[4 * n + 2] * inv[1], o[4 * n + 3] * inv[1]),
-                            pack2<T>(o[4 * n + 4] * inv[0], o[4 * n + 5] * inv[0]), pack2<T>(o[4 * n + 6] * inv[1], o[4 * n + 7] * inv[1]));
+            stmatrix_rows_sw128<NO, T>(smem_addr(tile), 64 * 128, o, inv, warp, lane);
             fence_proxy_async();
             if ((threadIdx.x & 127) == 0) s_ostore[cw] = make_int4((int)w.seq.qo + w.q0 + cw * 64, w.h, w.tb, 0);
             o_pending = true;
