@@ -246,19 +246,18 @@ def test_strided_inputs():
     assert torch.isfinite(dqkv).all()
 
 
-@pytest.mark.parametrize("pad", [4, 8])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
-def test_gradients_into_padded_rows(d, causal, pad):
-    """dq, dk, dv into views of buffers whose rows are d + pad elements apart: pad 8 keeps rows 16-byte aligned (the
-    Hopper kernel stores dK, dV by TMA where a CTA takes one block), pad 4 does not (each thread's stores); the pad
-    columns stay as they were."""
-    b, h, s = 2, 4, 300
+@pytest.mark.parametrize("d,causal,deterministic", [(64, False, False), (64, False, True), (64, True, False),
+                                                    (128, False, False), (128, True, False)])
+def test_gradients_into_padded_rows(d, causal, deterministic):
+    """dq, dk, dv into views of buffers whose rows are d + 8 elements apart (16-byte aligned, as the CUDA kernels
+    require): on Hopper the persistent kernel (D = 64 non-causal) stores dK, dV from each thread, the others by TMA
+    where a CTA takes one block; the pad columns stay as they were."""
+    b, h, s, pad = 2, 4, 300, 8
     q, k, v, dout = (rand(b, h, s, d) for _ in range(4))
     out, lse = flashsci.attention(q, k, v, causal=causal, return_lse=True)
     bufs = [torch.full((b, h, s, d + pad), float("nan"), dtype=q.dtype, device="cuda") for _ in range(3)]
     dq, dk, dv = flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal, dq=bufs[0][..., :d],
-                                             dk=bufs[1][..., :d], dv=bufs[2][..., :d])
+                                             dk=bufs[1][..., :d], dv=bufs[2][..., :d], deterministic=deterministic)
     ref = grads(attention64, *(x.double() for x in (q, k, v)), dout.double(), scale=d ** -0.5,
                 keep=causal_keep(s, s) if causal else None)
     theirs = grads(attention_lowp, q, k, v, dout, scale=d ** -0.5, causal=causal)
@@ -324,6 +323,23 @@ def test_varlen(causal, dtype):
                                        dq=dq, dk=dk, dv=dv)
     ref, theirs = varlen_grads(q, k, v, dout, cu, cu, causal, 0.125)
     check((dq, dk, dv), ref, theirs, "varlen")
+
+
+@pytest.mark.parametrize("d,causal", [(64, False), (64, True), (128, False)])
+def test_varlen_many_sequences(d, causal):
+    """Many short sequences beside a long one: most (key block, head, sequence) blocks lie past their sequence's keys;
+    on Hopper the persistent kernel (D = 64 non-causal) passes over them, CTAs taking several blocks each, and the
+    others' CTAs for them end at once."""
+    rng = random.Random(d + causal)
+    lengths = [rng.choice([0, 1, rng.randrange(2, 130), rng.randrange(130, 400)]) for _ in range(23)] + [900]
+    cu, (q, k, v) = pack(lengths, 8, d, torch.bfloat16)
+    dout = torch.randn_like(q)
+    m = max(lengths)
+    out, lse = flashsci.attention_varlen(q, k, v, cu, cu, m, m, causal=causal, return_lse=True)
+    dq, dk, dv = poisoned(q), poisoned(k), poisoned(v)
+    flashsci.attention_varlen_backward(dout, q, k, v, out, lse, cu, cu, m, m, causal=causal, dq=dq, dk=dk, dv=dv)
+    ref, theirs = varlen_grads(q, k, v, dout, cu, cu, causal, d ** -0.5)
+    check((dq, dk, dv), ref, theirs, f"{len(lengths)} sequences")
 
 
 def test_varlen_cross_lengths_t5_rotary():
