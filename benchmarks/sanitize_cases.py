@@ -7,6 +7,7 @@ then linear / swiglu on both GEMM kernels (tails in M, N, K, strided rows, every
 size 0 (no rows, no keys: the fill kernel), rows with no kept key, NaN rows and keys, on both attention kernels; then
 the backward (every head dim, GQA, each option, varlen, deterministic, empty problems) on the portable kernel forced,
 then dispatched. SANITIZE_ONLY=linear or backward runs those cases alone."""
+import itertools
 import os
 
 import torch
@@ -65,6 +66,12 @@ def backward_cases():
         out, lse = flashsci.attention_varlen(qp, kp, vp, cu, cu, 300, 300, causal=True, return_lse=True, rotary=True)
         flashsci.attention_varlen_backward(torch.randn_like(out), qp, kp, vp, out, lse, cu, cu, 300, 300, causal=True,
                                            rotary=True)
+    # packed, non-causal D = 64: most blocks lie past their sequence's keys (on Hopper their CTAs end at once)
+    lens = [1300, 0, 1, 129, 700, 5, 128, 257]
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=dev)
+    qp, kp, vp = (torch.randn(sum(lens), 4, 64, device=dev, dtype=f16) for _ in range(3))
+    out, lse = flashsci.attention_varlen(qp, kp, vp, cu, cu, 1300, 1300, return_lse=True)
+    flashsci.attention_varlen_backward(torch.randn_like(out), qp, kp, vp, out, lse, cu, cu, 1300, 1300)
     backward(q[:, :, :0], q, q)
     backward(q, q[:, :, :0], q[:, :, :0])
     torch.cuda.synchronize()

@@ -327,9 +327,8 @@ def test_varlen(causal, dtype):
 
 @pytest.mark.parametrize("d,causal", [(64, False), (64, True), (128, False)])
 def test_varlen_many_sequences(d, causal):
-    """Many short sequences beside a long one: most (key block, head, sequence) blocks lie past their sequence's keys;
-    on Hopper the persistent kernel (D = 64 non-causal) passes over them, CTAs taking several blocks each, and the
-    others' CTAs for them end at once."""
+    """Many short sequences beside a long one: most (key block, head, sequence) blocks lie past their sequence's keys
+    (on Hopper their CTAs end at once)."""
     rng = random.Random(d + causal)
     lengths = [rng.choice([0, 1, rng.randrange(2, 130), rng.randrange(130, 400)]) for _ in range(23)] + [900]
     cu, (q, k, v) = pack(lengths, 8, d, torch.bfloat16)

@@ -38,6 +38,9 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
         mbar_init_fence();
     }
     __syncthreads();
+    /* an empty packed block (one CTA per block: packed sequences never run persistent) ends at once, before its K_j,
+     * V_j load (T5 kernels store each block's table gradient, zeros too) */
+    if (!K::T5 && sm90_bwd_block_empty(a.g.p, first)) return;
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(K::PRODUCER_REGS));
         if (threadIdx.x < 32) sm90_bwd_producer<K>(sh, map_q, map_k, map_v, map_do, a, first, threadIdx.x);

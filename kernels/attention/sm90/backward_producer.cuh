@@ -49,6 +49,13 @@ template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_a
     return blk;
 }
 
+/* Whether block blk is empty: packed rows past its sequence's keys (n_kblocks counts the longest sequence's key
+ * blocks), where there is nothing to compute or store. */
+FS_DEV bool sm90_bwd_block_empty(const fs_attn_params &p, const sm90_bwd_block &blk)
+{
+    return p.cu_seqlens_q && blk.k0 >= blk.seq.k_len;
+}
+
 /* The blocks a CTA takes, every role alike, each as blk, the n-th of the CTA's: blockIdx.x, + gridDim.x, ... where
  * the instantiation runs persistent (K::PERSIST; each block computed in its turn: the first one kept from the kernel's
  * start held its registers through every step), else the first alone, as the kernel computed it (the loop then
