@@ -108,8 +108,12 @@ const char *fs_contiguous_hint(const fs_tensor *t)
                                        : "pass a contiguous copy";
 }
 
-/* Pointer and row alignment: element size on the CPU, 16 bytes (vector loads) on CUDA; nothing for empty tensors. */
-int fs_check_alignment(const fs_tensor *t, const char *name, int dims_are_rows)
+/* What a message about a result array's layout suggests (its caller's buffer cannot be copied into shape). */
+static const char out_layout_hint[] = "pass an array with that layout, or none for a new one";
+
+/* Pointer and row alignment: element size on the CPU, 16 bytes (vector loads) on CUDA; nothing for empty tensors.
+ * hint: what the message on a misaligned row suggests. */
+static int check_alignment(const fs_tensor *t, const char *name, int dims_are_rows, const char *hint)
 {
     const uintptr_t item = fs_dtype_itemsize(t->dtype), need = t->is_cuda ? 16 : item;
     if (fs_numel(t) == 0) return 0;
@@ -125,11 +129,17 @@ int fs_check_alignment(const fs_tensor *t, const char *name, int dims_are_rows)
     for (int i = 0; t->is_cuda && i < dims_are_rows; i++) {
         if ((t->strides[i] * (int64_t)item) % 16 && t->shape[i] > 1) {
             PyErr_Format(PyExc_ValueError, "%s: stride %lld of dimension %d is not a multiple of 16 bytes; the CUDA kernels "
-                         "load 16-byte rows (%s)", name, (long long)t->strides[i], i, fs_contiguous_hint(t));
+                         "load 16-byte rows (%s)", name, (long long)t->strides[i], i, hint);
             return -1;
         }
     }
     return 0;
+}
+
+/* An input's pointer and row alignment (check_alignment; the message suggests a contiguous copy). */
+int fs_check_alignment(const fs_tensor *t, const char *name, int dims_are_rows)
+{
+    return check_alignment(t, name, dims_are_rows, fs_contiguous_hint(t));
 }
 
 /* Device and size checks shared by the optional arrays (masks, lengths, biases). */
@@ -257,7 +267,7 @@ int fs_check_out(const fs_tensor *o, fs_tensor *const *t, const char *const *nam
     if (fs_check_sizes(o, on) < 0) return -1;
     if (o->strides[ndim - 1] != 1 && o->shape[ndim - 1] != 1 && fs_numel(o) > 0) {
         PyErr_Format(PyExc_ValueError, "%s: the last dimension must be contiguous (stride 1), got stride %lld; %s", on,
-                     (long long)o->strides[ndim - 1], fs_contiguous_hint(o));
+                     (long long)o->strides[ndim - 1], out_layout_hint);
         return -1;
     }
     if (fs_numel(o) == 0) return 0;
@@ -279,7 +289,7 @@ int fs_check_out(const fs_tensor *o, fs_tensor *const *t, const char *const *nam
         }
         inner = o->strides[d] * o->shape[d];
     }
-    if (fs_check_alignment(o, on, ndim - 1) < 0) return -1;
+    if (check_alignment(o, on, ndim - 1, out_layout_hint) < 0) return -1;
     uintptr_t olo, ohi;
     fs_byte_extent(o, &olo, &ohi);
     for (int i = 0; i < n; i++) {

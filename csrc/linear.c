@@ -307,7 +307,7 @@ static PyObject *gemm_call(PyObject *module, const char *fname, PyObject *x_arg,
         }
         if (fs_tensor_import(st, pre_arg, "preactivation", stream, FS_ROUTE_AUTO, FS_FLOATS, &tp) < 0 ||
             fs_check_out(&tp, inputs, in_names, n_in, pshape, tx.ndim, tx.dtype) < 0 ||
-            fs_as_rows(&tp, "preactivation", &rows, &ldpre) < 0 || fs_check_alignment(&tp, "preactivation", tx.ndim - 1) < 0)
+            fs_as_rows(&tp, "preactivation", &rows, &ldpre) < 0)
             goto done;
     }
     if (out_arg != Py_None) {

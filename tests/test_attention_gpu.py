@@ -220,6 +220,19 @@ class TestGpuErrors:
         with pytest.raises(ValueError, match="not 16-byte aligned"):
             flashsci.attention(q, q, q)
 
+    def test_misaligned_rows(self):
+        """An input's rows 8 bytes apart: the message suggests .contiguous(); a result's (out=, dq=): another array."""
+        q = torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.float16)
+        rows = torch.empty(1, 2, 16, 68, device="cuda", dtype=torch.float16)[..., :64]
+        rows.copy_(q)
+        with pytest.raises(ValueError, match=r"q: stride 68 .* not a multiple of 16 bytes.*\.contiguous\(\) first"):
+            flashsci.attention(rows, q, q)
+        with pytest.raises(ValueError, match=r"out: stride 68 .* not a multiple of 16 bytes.*or none for a new one"):
+            flashsci.attention(q, q, q, out=rows)
+        out, lse = flashsci.attention(q, q, q, return_lse=True)
+        with pytest.raises(ValueError, match=r"dq: stride 68 .* not a multiple of 16 bytes.*or none for a new one"):
+            flashsci.attention_backward(q, q, q, q, out, lse, dq=rows)
+
     def test_mixed_devices(self):
         q = torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.float16)
         with pytest.raises(ValueError, match="k is on cpu but q is on cuda:0"):
