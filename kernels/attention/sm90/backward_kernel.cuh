@@ -2,13 +2,14 @@
  * batch) or, for the instantiations that run persistent (K::PERSIST), one per SM taking blocks in turn. Warpgroup 0 is
  * the producer (backward_producer.cuh: one warp streams Q_i, dO_i, L_i, D_i), warpgroups 1 and 2 the consumers
  * (backward_mainloop.cuh: 64 keys each; dV, dK in registers, dQ into the float32 accumulator); warp 1 of warpgroup 0
- * adds the consumers' staged dQ by TMA reductions, or in deterministic runs its warps 1 and 2 order the
- * consumers' dQ atomics across key blocks; the consumers store dV, dK (backward_epilogue.cuh). The passes around it
- * are the portable backward's (Delta and the zeroed accumulator before, dQ's conversion after). Design and
+ * adds the consumers' staged dQ by TMA reductions, or in deterministic runs its warps 1 and 2 order the consumers' dQ
+ * atomics across key blocks (backward_dq.cuh); the consumers store dV, dK (backward_epilogue.cuh). The passes around
+ * it are the portable backward's (Delta and the zeroed accumulator before, dQ's conversion after). Design and
  * measurements: docs/notes/attention_backward_sm90.md. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH
 
+#include "attention/sm90/backward_dq.cuh"
 #include "attention/sm90/backward_mainloop.cuh"
 #include "attention/sm90/backward_producer.cuh"
 #include "attention/sm90/backward_tile.cuh"

@@ -1,0 +1,148 @@
+/* Hopper attention backward: dQ_i's way into the float32 accumulator (rows permuted: fs_dq_slot). The consumers' side,
+ * sm90_bwd_dq_out: where the tile stages dQ (K::STAGED) each warpgroup writes its share into shared memory for the
+ * writer warp (warp 1 of the producer warpgroup), which adds it by TMA reductions, so no consumer register waits on L2;
+ * else float4 atomics from the consumers' registers, in deterministic runs (K::ORDERED) after the key blocks before
+ * theirs have added their shares, as the order warps (warps 1 and 2 of the producer warpgroup) let them. */
+#ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_DQ_CUH
+#define FLASHSCI_ATTENTION_SM90_BACKWARD_DQ_CUH
+
+#include "attention/sm90/backward_barriers.cuh"
+#include "attention/sm90/backward_producer.cuh"
+#include "attention/sm90/backward_tile.cuh"
+#include "common/tma.cuh"
+
+#ifdef FS_WGMMA
+/* dQ share c (0-3) of consumer warpgroup cw in the staging: boxes of 16 columns x 64 rows (4 KiB), the warpgroup's
+ * four after each other; its origin in the tile: D = 64 rows 64 cw, columns 16 c; D = 128 rows 0, columns 64 cw + 16 c. */
+template <int D> FS_DEV_T int bwd_dq_box_row(int cw) { return D == 64 ? 64 * cw : 0; }
+template <int D> FS_DEV_T int bwd_dq_box_col(int cw, int c) { return (D == 64 ? 0 : 64 * cw) + 16 * c; }
+
+/* The dQ writer (K::STAGED) for block blk: per step and consumer warpgroup, once its share is staged, lane 0 adds the
+ * share's boxes into the accumulator (rows at fs_bwd_row; a tile's rows past its head or sequence add zeros, rows past
+ * the accumulator and columns past D are dropped) and frees the staging once the reductions have read it (but for the
+ * block's last step of a single block; persistent CTAs' consumers take the last free after their last block). */
+template <class K>
+FS_DEV_T void sm90_bwd_dq_writer_block(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq,
+                                       const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int lane)
+{
+    /* the consumers' steps (sm90_bwd_head, sm90_bwd_q0; STAGED runs are not ORDERED) as two loops over rows that fit
+     * an int (the launch checks the accumulator's), in the registers of the producer warpgroup */
+    const fs_attn_params &p = a.g.p;
+    const int head_rows = p.cu_seqlens_q ? p.total_q : p.Sq, last = blk.n_iter - 1;
+    int row = (int)fs_bwd_row(p, blk.b, blk.hkv * p.kv_group, blk.seq.qo, blk.q_tile0 * K::BR);
+    for (int g = 0, it = 0; g < p.kv_group; g++, row += head_rows - blk.n_q * K::BR)
+        for (int i = 0; i < blk.n_q; i++, it++, row += K::BR)
+#pragma unroll
+            for (int cw = 0; cw < 2; cw++) {
+                bwd_dq_staged_wait(cw);
+                if (lane == 0) {
+#pragma unroll
+                    for (int c = 0; c < 4; c++)
+                        if (bwd_dq_box_col<K::D>(cw, c) < p.D)
+                            tma_reduce_add_2d(&map_dq, sh.sdQ + (4 * cw + c) * 64 * 16, bwd_dq_box_col<K::D>(cw, c),
+                                              row + bwd_dq_box_row<K::D>(cw));
+                    bulk_commit();
+                    bulk_wait_read();
+                }
+                __syncwarp();
+                if (K::PERSIST || it < last) bwd_dq_free(cw);
+            }
+}
+
+/* The dQ writer's whole work: the CTA's blocks in turn. */
+template <class K>
+FS_DEV_T void sm90_bwd_dq_writer(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq, const fs_sm90_bwd_args &a,
+                                 const sm90_bwd_block &first, int lane)
+{
+    if constexpr (K::PERSIST) {
+        SM90_BWD_FOR_EACH_BLOCK(blk, n) sm90_bwd_dq_writer_block<K>(sh, map_dq, a, blk, lane);
+    } else {
+        sm90_bwd_dq_writer_block<K>(sh, map_dq, a, first, lane);
+    }
+    if (lane == 0) bulk_wait();
+}
+
+/* The order warp of consumer warpgroup cw (lane: its lane): per step, lane 0 polls the tile's counter until the key
+ * blocks before this one have counted themselves, the warp lets the consumers add, then counts this block. */
+template <class K> FS_DEV_T void sm90_bwd_order_warp(const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int cw, int lane)
+{
+    /* the consumers' steps (sm90_bwd_head, sm90_bwd_q0) as two loops, in the 24 registers of the producer warpgroup;
+     * deterministic runs have one CTA per block (never PERSIST) */
+    const int rank = blk.k0 / K::BC, n_q = blk.n_q, group = a.g.p.kv_group;
+    const int64_t per_head = 2 * (int64_t)a.order_tiles;
+    int *count0 = a.dq_order + ((int64_t)blk.b * a.g.p.H + blk.hkv * group) * per_head + 2 * blk.q_tile0 + cw;
+    for (int g = 0; g < group; g++, count0 += per_head)
+        for (int i = 0; i < n_q; i++) {
+            int *count = count0 + 2 * (K::CAUSAL ? n_q - 1 - i : i);
+            if (lane == 0) {
+                int seen;
+                do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
+                while (seen != rank);
+            }
+            __syncwarp();
+            bwd_order_go(cw);
+            bwd_order_added(cw);
+            if (lane == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(count) : "memory");
+        }
+}
+
+/* A consumer thread's dQ_i (64 rows x 64 columns of the tile at query q0 of head h: D = 64 query panel cw, D = 128
+ * head-dim half cw, D = 80 warpgroup 1 16 columns; step: the CTA's steps so far) out: staged for the writer warp, or
+ * added by atomics. */
+template <class K>
+FS_DEV_T void sm90_bwd_dq_out(const sm90_bwd_shared<typename K::T> &sh, const fs_sm90_bwd_args &a, const sm90_bwd_block &blk,
+                              const float (&dq)[32], int h, int q0, int step, int cw, int warp, int gr, int t4)
+{
+    constexpr int D = K::D;
+    if constexpr (K::STAGED) {
+        /* this thread's float4s (column groups 2m, 2m + 1 of its rows; D = 80: warpgroup 1's 16 columns, m = 0)
+         * into its warpgroup's boxes of 16 columns (64-byte rows, unswizzled): box m, row y = 16 warp + gr + 8 r,
+         * 16-byte chunk t4. The eight lanes of a store's wavefront (gr = 2k, 2k + 1) fill two whole rows, 128
+         * contiguous bytes (with 128-byte rows of 32 columns they took the same four chunks of two rows, twice the
+         * wavefronts): one base address, the rest immediates */
+        if (step > 0) bwd_dq_free_wait(cw);
+        const uint32_t st_row = smem_addr(sh.sdQ) + cw * 4 * 64 * 64 + (warp * 16 + gr) * 64 + t4 * 16;
+        const int groups = D == 80 && cw ? 1 : 4;
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int m = 0; m < 4; m++)
+                if (m < groups)
+                    st_shared_v4(st_row + m * 64 * 64 + r * 8 * 64, dq[8 * m + 2 * r], dq[8 * m + 2 * r + 1],
+                                 dq[8 * m + 4 + 2 * r], dq[8 * m + 5 + 2 * r]);
+        fence_proxy_async();
+        bwd_dq_staged(cw);
+    } else {
+        /* dQ_i added into the accumulator: float4 atomics (red.global.add.v4.f32), this thread's rows, each add the
+         * pairs of column groups 2m and 2m + 1, adjacent in the accumulator's permuted rows (fs_dq_slot); in order of
+         * key block when deterministic (this warpgroup's counter of the tile). All 64 columns without a branch per add
+         * (a branch each recomputed the address, waiting for the add before to read it) */
+        if constexpr (K::ORDERED) bwd_order_go(cw);
+        const fs_attn_params &p = a.g.p;
+        const int dq_col = D == 64 ? 0 : cw * 64, dq_cols = D == 64 ? 64 : min(64, p.D - dq_col);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int q = q0 + (D == 64 ? cw * 64 : 0) + warp * 16 + gr + 8 * r;
+            if (q < blk.seq.q_len) {
+                float4 *dst = reinterpret_cast<float4 *>(a.dq_acc + fs_bwd_row(p, blk.b, h, blk.seq.qo, q) * p.D + dq_col + 4 * t4);
+                auto add = [&](int m) {
+                    atomicAdd(dst + 4 * m, make_float4(dq[8 * m + 2 * r], dq[8 * m + 2 * r + 1], dq[8 * m + 4 + 2 * r],
+                                                       dq[8 * m + 5 + 2 * r]));
+                };
+                if (dq_cols == 64) {
+#pragma unroll
+                    for (int m = 0; m < 4; m++) add(m);
+                } else {
+#pragma unroll
+                    for (int m = 0; m < 4; m++)
+                        if (16 * m < dq_cols) add(m);
+                }
+            }
+        }
+        if constexpr (K::ORDERED) bwd_order_added(cw);
+    }
+}
+
+#endif
+
+#endif
