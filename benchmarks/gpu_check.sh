@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build for its own architecture, GPU tests, compute-sanitizer, pytest-benchmark run,
 # host overhead, benchmark.
-#   STEPS="build test sanitize benchtest host bench" BENCH_ARGS="--sets seed,protein,sweep" bash benchmarks/gpu_check.sh
+#   STEPS="build test sanitize benchtest host bench pack" BENCH_ARGS="--sets seed,protein,sweep" bash benchmarks/gpu_check.sh
 #   TEST_PATHS="tests/test_attention_backward_gpu.py" STEPS="build test" bash benchmarks/gpu_check.sh
 #   TEST_ARGS="-n 4": parallel test processes (8 can run one GPU out of memory)
-# Logs and results go under $OUT (the device tool brings them back); results also to benchmarks/results.
+#   STEPS=pack bash benchmarks/gpu_check.sh: only the packing, after other commands wrote into $OUT
+# Logs and results go under $OUT (the device tool brings them back); results also to benchmarks/results. The pack step
+# (last) puts everything under $OUT into one $OUT/out.tar.gz, as the device tool brings back at most 8 files
+# (unpack here: tar -xzf FILES_AT/out.tar.gz -C DIR).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashsci-out}
-STEPS=" ${STEPS:-build test sanitize bench} "   # padded: steps match as whole words
+STEPS=" ${STEPS:-build test sanitize bench pack} "   # padded: steps match as whole words
 mkdir -p "$OUT/logs"
 export PYTHONUNBUFFERED=1
 status=0
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/logs/gpu.txt"
+[[ $STEPS == " pack " ]] || nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/logs/gpu.txt"
 
 if [[ $STEPS == *" build "* ]]; then
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
@@ -45,5 +48,9 @@ if [[ $STEPS == *" host "* ]]; then
 fi
 if [[ $STEPS == *" bench "* ]]; then
   python3 -m flashsci.bench ${BENCH_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/logs/bench.log" | tail -60
+fi
+if [[ $STEPS == *" pack "* ]]; then
+  tar -czf /tmp/flashsci-out.tar.gz -C "$OUT" --exclude=./out.tar.gz . && find "$OUT" -mindepth 1 -delete &&
+    mv /tmp/flashsci-out.tar.gz "$OUT/out.tar.gz" && echo "packed: $OUT/out.tar.gz"
 fi
 exit $status
