@@ -72,6 +72,9 @@ def backward_cases():
     qp, kp, vp = (torch.randn(sum(lens), 4, 64, device=dev, dtype=f16) for _ in range(3))
     out, lse = flashsci.attention_varlen(qp, kp, vp, cu, cu, 1300, 1300, return_lse=True)
     flashsci.attention_varlen_backward(torch.randn_like(out), qp, kp, vp, out, lse, cu, cu, 1300, 1300)
+    # ... deterministic: staggered key blocks adding dQ in two chains, into two accumulators
+    flashsci.attention_varlen_backward(torch.randn_like(out), qp, kp, vp, out, lse, cu, cu, 1300, 1300,
+                                       deterministic=True)
     backward(q[:, :, :0], q, q)
     backward(q, q[:, :, :0], q[:, :, :0])
     torch.cuda.synchronize()

@@ -1,5 +1,5 @@
 /* Hopper attention backward: the named barriers its warps meet at (0 is __syncthreads). 1: both consumer warpgroups;
- * 2, 3: their turns at the tensor cores; 4-7: deterministic dQ's order warps; 8-11: staged dQ's writer warp; 12, 13:
+ * 2, 3: their turns at the tensor cores; 8-11: staged dQ's writer warp(s); 12, 13:
  * each consumer warpgroup by itself. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_BARRIERS_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_BARRIERS_CUH
@@ -29,15 +29,8 @@ template <int ID> FS_DEV_T void bwd_pair_arrive(int cw)
     else asm volatile("bar.arrive %0, 160;\n" ::"n"(ID) : "memory");
 }
 
-/* Deterministic dQ: consumer warpgroup cw and its order warp (warp 1 + cw of the producer warpgroup) meet at named
- * barrier 4 + cw before the warpgroup's adds (the order warp has seen the key blocks before this one count themselves
- * on the tile) and at 6 + cw after them (the order warp then counts this block). bar.sync orders the adds against the
- * order warp's acquire load and release add at the GPU's scope; the waits and the release's latency stay off the
- * consumers' path. */
-FS_DEV void bwd_order_go(int cw) { bwd_pair_sync<4>(cw); }
-FS_DEV void bwd_order_added(int cw) { bwd_pair_sync<6>(cw); }
-
-/* Staged dQ: consumer warpgroup cw and the writer warp (warp 1 of the producer warpgroup) meet at named barrier 8 + cw
+/* Staged dQ: consumer warpgroup cw and the writer warp (warp 1 of the producer warpgroup; deterministic runs: the
+ * ordered writer, warp 1 + cw) meet at named barrier 8 + cw
  * once the warpgroup's share is in shared memory (it arrives, the writer waits) and at 10 + cw once the writer's
  * reductions have read it (the writer arrives, the warpgroup waits before its next share). */
 FS_DEV void bwd_dq_staged(int cw) { bwd_pair_arrive<8>(cw); }

@@ -1,8 +1,8 @@
 /* Hopper attention backward: dQ_i's way into the float32 accumulator (rows permuted: fs_dq_slot). The consumers' side,
  * sm90_bwd_dq_out: where the tile stages dQ (K::STAGED) each warpgroup writes its share into shared memory for the
  * writer warp (warp 1 of the producer warpgroup), which adds it by TMA reductions, so no consumer register waits on L2;
- * else float4 atomics from the consumers' registers, in deterministic runs (K::ORDERED) after the key blocks before
- * theirs have added their shares, as the order warps (warps 1 and 2 of the producer warpgroup) let them. */
+ * else float4 atomics from the consumers' registers. Deterministic runs (K::ORDERED, always staged) have one ordered
+ * writer per warpgroup (warps 1 and 2), which adds a share after the key blocks before its own have added theirs. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_DQ_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_DQ_CUH
 
@@ -25,7 +25,7 @@ template <class K>
 FS_DEV_T void sm90_bwd_dq_writer_block(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq,
                                        const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int lane)
 {
-    /* the consumers' steps (sm90_bwd_head, sm90_bwd_q0; STAGED runs are not ORDERED) as two loops over rows that fit
+    /* the consumers' steps (sm90_bwd_head, sm90_bwd_q0; not ORDERED) as two loops over rows that fit
      * an int (the launch checks the accumulator's), in the registers of the producer warpgroup */
     const fs_attn_params &p = a.g.p;
     const int head_rows = p.cu_seqlens_q ? p.total_q : p.Sq, last = blk.n_iter - 1;
@@ -62,27 +62,56 @@ FS_DEV_T void sm90_bwd_dq_writer(const sm90_bwd_shared<typename K::T> &sh, const
     if (lane == 0) bulk_wait();
 }
 
-/* The order warp of consumer warpgroup cw (lane: its lane): per step, lane 0 polls the tile's counter until the key
- * blocks before this one have counted themselves, the warp lets the consumers add, then counts this block. */
-template <class K> FS_DEV_T void sm90_bwd_order_warp(const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int cw, int lane)
+/* The ordered dQ writer of consumer warpgroup cw (K::ORDERED, deterministic runs: warp 1 + cw of the producer
+ * warpgroup; lane: its lane) for the CTA's one block. Per step, lane 0 polls the counter of the tile's chain
+ * (sm90_bwd_tile) until the key blocks before this one in the chain have counted themselves, adds the warpgroup's
+ * staged share by TMA reductions as the writer warp does (the second chain's into the second accumulator, a.acc2_row
+ * rows on), frees the staging once they have read it and, once they have completed, counts this block. Chain 0 of
+ * tile t holds key blocks 0, 1, .. (C j + t < n_q), chain 1 the rest, block j its (j - ceil((n_q - t) / C))-th; so
+ * every element's sum has one order. The poll runs ahead of the consumers' share, the wait for the reductions after
+ * the staging is free: neither is on the consumers' path. (Polling for the next step before counting this one made
+ * each count wait for the block before's count at the next step, a convoy again: 1.23-1.47x the default's time.) */
+template <class K>
+FS_DEV_T void sm90_bwd_dq_writer_ordered(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq,
+                                         const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int cw, int lane)
 {
-    /* the consumers' steps (sm90_bwd_head, sm90_bwd_q0) as two loops, in the 24 registers of the producer warpgroup;
+    /* the consumers' steps (sm90_bwd_head, sm90_bwd_q0) as two loops, in the registers of the producer warpgroup;
      * deterministic runs have one CTA per block (never PERSIST) */
-    const int rank = blk.k0 / K::BC, n_q = blk.n_q, group = a.g.p.kv_group;
-    const int64_t per_head = 2 * (int64_t)a.order_tiles;
-    int *count0 = a.dq_order + ((int64_t)blk.b * a.g.p.H + blk.hkv * group) * per_head + 2 * blk.q_tile0 + cw;
-    for (int g = 0; g < group; g++, count0 += per_head)
-        for (int i = 0; i < n_q; i++) {
-            int *count = count0 + 2 * (K::CAUSAL ? n_q - 1 - i : i);
+    constexpr int C = K::BC / K::BR;
+    const fs_attn_params &p = a.g.p;
+    const int rank = blk.k0 / K::BC, n_q = blk.n_q, group = p.kv_group, last = blk.n_iter - 1;
+    const int head_rows = p.cu_seqlens_q ? p.total_q : p.Sq;
+    const int64_t per_head = 4 * (int64_t)a.order_tiles;
+    int *count0 = a.dq_order + ((int64_t)blk.b * p.H + blk.hkv * group) * per_head + 4 * blk.q_tile0 + cw;
+    int row0 = (int)fs_bwd_row(p, blk.b, blk.hkv * group, blk.seq.qo, blk.q_tile0 * K::BR) + bwd_dq_box_row<K::D>(cw);
+    for (int g = 0, it = 0; g < group; g++, count0 += per_head, row0 += head_rows)
+        for (int i = 0; i < n_q; i++, it++) {
+            const int t = sm90_bwd_tile<K>(blk, i), chain = sm90_bwd_chain<K>(blk, t);
+            int *count = count0 + 4 * t + 2 * chain;
             if (lane == 0) {
+                const int rank_in = chain ? rank - (n_q - t + C - 1) / C : rank;
                 int seen;
                 do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
-                while (seen != rank);
+                while (seen != rank_in);
+                asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the adds before, for the reductions */
+            }
+            bwd_dq_staged_wait(cw);
+            if (lane == 0) {
+                const int row = row0 + t * K::BR + (chain ? a.acc2_row : 0);
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    if (bwd_dq_box_col<K::D>(cw, c) < p.D)
+                        tma_reduce_add_2d(&map_dq, sh.sdQ + (4 * cw + c) * 64 * 16, bwd_dq_box_col<K::D>(cw, c), row);
+                bulk_commit();
+                bulk_wait_read();
             }
             __syncwarp();
-            bwd_order_go(cw);
-            bwd_order_added(cw);
-            if (lane == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(count) : "memory");
+            if (it < last) bwd_dq_free(cw);
+            if (lane == 0) {
+                bulk_wait();
+                asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the reductions, before the count */
+                asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(count) : "memory");
+            }
         }
 }
 
@@ -114,10 +143,9 @@ FS_DEV_T void sm90_bwd_dq_out(const sm90_bwd_shared<typename K::T> &sh, const fs
         bwd_dq_staged(cw);
     } else {
         /* dQ_i added into the accumulator: float4 atomics (red.global.add.v4.f32), this thread's rows, each add the
-         * pairs of column groups 2m and 2m + 1, adjacent in the accumulator's permuted rows (fs_dq_slot); in order of
-         * key block when deterministic (this warpgroup's counter of the tile). All 64 columns without a branch per add
-         * (a branch each recomputed the address, waiting for the add before to read it) */
-        if constexpr (K::ORDERED) bwd_order_go(cw);
+         * pairs of column groups 2m and 2m + 1, adjacent in the accumulator's permuted rows (fs_dq_slot). All 64
+         * columns without a branch per add (a branch each recomputed the address, waiting for the add before to read
+         * it) */
         const fs_attn_params &p = a.g.p;
         const int dq_col = D == 64 ? 0 : cw * 64, dq_cols = D == 64 ? 64 : min(64, p.D - dq_col);
 #pragma unroll
@@ -139,7 +167,6 @@ FS_DEV_T void sm90_bwd_dq_out(const sm90_bwd_shared<typename K::T> &sh, const fs
                 }
             }
         }
-        if constexpr (K::ORDERED) bwd_order_added(cw);
     }
 }
 

@@ -2,8 +2,8 @@
  * batch) or, for the instantiations that run persistent (K::PERSIST), one per SM taking blocks in turn. Warpgroup 0 is
  * the producer (backward_producer.cuh: one warp streams Q_i, dO_i, L_i, D_i), warpgroups 1 and 2 the consumers
  * (backward_mainloop.cuh: 64 keys each; dV, dK in registers, dQ into the float32 accumulator); warp 1 of warpgroup 0
- * adds the consumers' staged dQ by TMA reductions, or in deterministic runs its warps 1 and 2 order the consumers' dQ
- * atomics across key blocks (backward_dq.cuh); the consumers store dV, dK (backward_epilogue.cuh). The passes around
+ * adds the consumers' staged dQ by TMA reductions, in deterministic runs its warps 1 and 2 in order of key block
+ * (backward_dq.cuh); the consumers store dV, dK (backward_epilogue.cuh). The passes around
  * it are the portable backward's (Delta and the zeroed accumulator before, dQ's conversion after). Design and
  * measurements: docs/notes/attention_backward_sm90.md. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH
@@ -45,8 +45,10 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
     if (threadIdx.x < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(K::PRODUCER_REGS));
         if (threadIdx.x < 32) sm90_bwd_producer<K>(sh, map_q, map_k, map_v, map_do, a, first, threadIdx.x);
-        else if (K::STAGED && threadIdx.x < 64) sm90_bwd_dq_writer<K>(sh, map_dq, a, first, threadIdx.x & 31);
-        else if (K::ORDERED && threadIdx.x < 96) sm90_bwd_order_warp<K>(a, first, (threadIdx.x >> 5) - 1, threadIdx.x & 31);
+        else if (K::STAGED && !K::ORDERED && threadIdx.x < 64)
+            sm90_bwd_dq_writer<K>(sh, map_dq, a, first, threadIdx.x & 31);
+        else if (K::ORDERED && threadIdx.x < 96)
+            sm90_bwd_dq_writer_ordered<K>(sh, map_dq, a, first, (threadIdx.x >> 5) - 1, threadIdx.x & 31);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(K::CONSUMER_REGS));
         sm90_bwd_consumer<K>(sh, a, &map_dk, &map_dv, first, (threadIdx.x >> 7) - 1);

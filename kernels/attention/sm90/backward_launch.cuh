@@ -60,11 +60,17 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, hkv, nb, p->D, p->k_ss, p->k_sh, p->k_sb, tile::BC);
     if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, hkv, nb, p->D, p->v_ss, p->v_sh, p->v_sb, tile::BC);
     if (err == cudaSuccess) err = sm90_map(&mdo, g->dout, bf16, sq, p->H, nb, p->D, g->do_ss, g->do_sh, g->do_sb, tile::BR);
+    a.acc2_row = 0;
     if (config::STAGED && err == cudaSuccess) {
-        /* the dQ accumulator as rows of D floats (staged dQ's TMA reductions; their row coordinates are int32) */
+        /* the dQ accumulator as rows of D floats (staged dQ's TMA reductions; their row coordinates are int32), and
+         * the second one of ordered non-causal runs right after it (the dispatcher places it there) */
         const int64_t rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
-        err = rows > 0x7fffffffLL ? cudaErrorInvalidConfiguration
-                                  : fs_make_tensor_map_f32(&mdq, w->dq_acc, p->D, rows, 4 * (cuuint64_t)p->D, 16, 64);
+        const bool two = ORDERED && !CAUSAL && w->dq_acc2;
+        if (two && w->dq_acc2 != w->dq_acc + rows * p->D) return cudaErrorInvalidValue;
+        const int64_t all = two ? 2 * rows : rows;
+        a.acc2_row = two ? (int)rows : 0;
+        err = all > 0x7fffffffLL ? cudaErrorInvalidConfiguration
+                                 : fs_make_tensor_map_f32(&mdq, w->dq_acc, p->D, all, 4 * (cuuint64_t)p->D, 16, 64);
     }
     /* dV, dK by TMA (sm90_bwd_epilogue): one CTA per block, padded batches, strides a map takes; else direct stores */
     a.dkv_tma = !config::PERSIST && !DELTA && !p->cu_seqlens_q &&
@@ -104,8 +110,8 @@ static cudaError_t bwd90_launch_dtype(const fs_attn_bwd_params *g, const fs_sm90
 {
     /* D = 80 (the 2.7B LM's head dim) on its own kernel, products over 80 columns and shared memory as at 128: 8-14%
      * less time than the D = 128 kernel reading 80 columns (from 2048 tokens); deterministic runs and the T5 bias's
-     * stay there (the ordered instantiation at 80 has its wgmmas serialized for want of registers). 96, 112 on the
-     * D = 128 kernel, zeros past their columns */
+     * stay there (an ordered instantiation at 80, staged, would have its wgmmas serialized for want of registers).
+     * 96, 112 on the D = 128 kernel, zeros past their columns */
     if (g->p.D == 80 && !w->dq_order && !g->p.t5_table)
         return g->p.causal ? bwd90_launch<80, T, true, false, false>(g, w, device, stream)
                            : bwd90_launch<80, T, false, false, false>(g, w, device, stream);

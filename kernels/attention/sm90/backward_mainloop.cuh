@@ -8,8 +8,8 @@
  *   dV_j += P^T dO_i, dK_j += dS^T Q_i        (wgmma, P^T and dS^T from registers, dO_i and Q_i MN-major)
  *   dQ_i += dS K_j                            (dS^T through shared memory as an MN-major A; both warpgroups' keys)
  * dQ_i goes to the float32 accumulator by shared memory and the writer warp's TMA reductions, or by atomics
- * (backward_dq.cuh); in deterministic runs (ORDERED) each warpgroup adds its share of a tile after the key blocks
- * before its own have added theirs, so every element's sum has one order. */
+ * (backward_dq.cuh); in deterministic runs (ORDERED) writer warps add each warpgroup's share of a tile after the key
+ * blocks before its own have added theirs, so every element's sum has one order. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_MAINLOOP_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_MAINLOOP_CUH
 

@@ -16,9 +16,11 @@
  * first key see none of its keys). Non-causal blocks take one head's key blocks in turn (its Q, dO and dQ accumulator
  * stay in L2); causal ones go in sections of a.section heads whose data fits in about half of L2, each section's key
  * blocks heaviest (first) first. Packed sequences and seqlens: the batch's own lengths (a key block past them has no
- * step). */
+ * step). Deterministic non-causal runs with a second dQ accumulator (a.acc2_row) rotate each block's tiles by rot
+ * (sm90_bwd_tile). */
 typedef struct {
     int b, hkv, k0, q_tile0, n_q, n_iter;
+    int rot;   /* ordered non-causal: step i takes tile i - rot (mod n_q); 0 elsewhere (sm90_bwd_tile) */
     int tb;    /* the batch coordinate of the tensor maps: b, or 0 for packed rows */
     fs_seq seq; /* the sequence's rows (packed: from qo / ko of the packed tensors) and lengths */
 } sm90_bwd_block;
@@ -46,6 +48,11 @@ template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_a
     blk.q_tile0 = K::CAUSAL ? min(blk.k0 / K::BR, n_tiles) : 0;
     blk.n_q = n_tiles - blk.q_tile0;
     blk.n_iter = p.kv_group * blk.n_q;
+    /* rot = C j for key block j of the sequence's n_k (C = Bc / Br tiles a block's keys span) while every C j < n_q:
+     * the adds to a tile then form two chains, each in key-block order (sm90_bwd_dq_writer_ordered) */
+    constexpr int C = K::BC / K::BR;
+    const int n_k = (blk.seq.k_len + K::BC - 1) / K::BC;
+    blk.rot = K::ORDERED && !K::CAUSAL && a.acc2_row && C * (n_k - 1) < blk.n_q ? C * kt : 0;
     return blk;
 }
 
@@ -64,17 +71,31 @@ FS_DEV bool sm90_bwd_block_empty(const fs_attn_params &p, const sm90_bwd_block &
     for (int t_ = blockIdx.x, n = 0; t_ < a.blocks && (K::PERSIST || n == 0); t_ += (int)gridDim.x, n++)             \
         if (const sm90_bwd_block blk = K::PERSIST ? sm90_bwd_block_of<K>(a, t_) : first; true)
 
-/* Step it of a block: its query head (head of the group outer) and first query row (query tile inner; ordered causal
- * blocks last tile first, so every key block reaches a tile at the same step and none waits for the blocks before it
- * to come down to its first tile). */
+/* Step it of a block: its query head (head of the group outer) and first query row (query tile inner). */
 FS_DEV int sm90_bwd_head(const fs_attn_params &p, const sm90_bwd_block &blk, int it)
 {
     return blk.hkv * p.kv_group + it / blk.n_q;
 }
+/* The tile (from q_tile0) of a block's i-th step of a head. Ordered causal blocks go last tile first, so every key
+ * block reaches a tile at the same step and none waits for the blocks before it to come down to its first tile.
+ * Ordered non-causal blocks j = 0, 1, .. start C j tiles back (rot): block j reaches tile t at step t + C j (chain 0)
+ * or, wrapped, t + C j - n_q (chain 1), so within a chain each block comes to a tile C steps after the block before
+ * it (whose add it waits for) and no block waits for a higher one, which might not be resident yet. */
+template <class K> FS_DEV_T int sm90_bwd_tile(const sm90_bwd_block &blk, int i)
+{
+    if constexpr (K::ORDERED && K::CAUSAL) return blk.n_q - 1 - i;
+    if constexpr (K::ORDERED) return i < blk.rot ? i - blk.rot + blk.n_q : i - blk.rot;
+    return i;
+}
 template <class K> FS_DEV_T int sm90_bwd_q0(const sm90_bwd_block &blk, int it)
 {
     const int i = it % blk.n_q;
-    return (blk.q_tile0 + (K::ORDERED && K::CAUSAL ? blk.n_q - 1 - i : i)) * K::BR;
+    return (blk.q_tile0 + (K::ORDERED ? sm90_bwd_tile<K>(blk, i) : i)) * K::BR;
+}
+/* The chain of tile t's adds a block is in (sm90_bwd_tile): 1 where its rotation wrapped, else 0. */
+template <class K> FS_DEV_T int sm90_bwd_chain(const sm90_bwd_block &blk, int t)
+{
+    return K::ORDERED && !K::CAUSAL && t + blk.rot >= blk.n_q;
 }
 
 /* The producer warp's whole work (lane: its lane). Per block, K_j, V_j (and the T5 table) land on kv_full: persistent

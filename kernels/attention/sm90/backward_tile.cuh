@@ -13,7 +13,7 @@
 /* ---- tile configuration, one place: per head dim the query tile Br a step streams, the key block Bc a block owns
  * (two consumer warpgroups of 64 keys), the Q/dO ring's stages, the registers setmaxnreg gives a consumer thread (the
  * producer warpgroup keeps 24) and whether dQ_i is staged in shared memory for a writer warp's TMA reductions (else
- * float4 atomics from the consumers' registers; deterministic runs always take the atomics; 2: causal runs only, as
+ * float4 atomics from the consumers' registers; deterministic runs' ordered writers need it; 2: causal runs only, as
  * D = 80 non-causal staged had ptxas serialize its wgmmas for want of registers: 1,160 -> 1,490 us). D = 128 takes
  * Br = 64: dV and dK alone hold 128 of a thread's registers; D = 80 (the 2.7B LM's head dim) keeps D = 128's tiles and
  * shared memory, its products spanning 80 columns ---- */
@@ -37,8 +37,8 @@ template <> struct fs_sm90_bwd_tile<128> { enum { BR = 64, BC = 128, STAGES = 2,
 constexpr int sm90_bwd_stored_dim(int d) { return (d + 63) / 64 * 64; }
 
 /* The constants of one instantiation: the products span D columns, shared memory holds DS a row (ORDERED: deterministic
- * runs, each warpgroup's dQ added to a query tile after the key blocks before its own, by per-tile counters; causal
- * blocks then visit their query tiles last first; T5: the T5 bias, backward_t5.cuh). */
+ * runs, each warpgroup's dQ share added to a query tile after the key blocks before its own in the tile's chain, by
+ * per-tile counters: sm90_bwd_tile, sm90_bwd_dq_writer_ordered; T5: the T5 bias, backward_t5.cuh). */
 template <int D_, typename T_, bool CAUSAL_, bool ORDERED_, bool T5_, bool DELTA_> struct sm90_bwd_config {
     using T = T_;
     using tile = fs_sm90_bwd_tile<D_>;
@@ -46,7 +46,8 @@ template <int D_, typename T_, bool CAUSAL_, bool ORDERED_, bool T5_, bool DELTA
     static constexpr int NWG = 2, THREADS = 384;
     /* DELTA: the delta pass of the T5 gradient's runs, D_i = rowsum(P o dP) and nothing else (backward_t5.cuh) */
     static constexpr bool CAUSAL = CAUSAL_, ORDERED = ORDERED_, T5 = T5_, DELTA = DELTA_;
-    static constexpr bool STAGED = !ORDERED_ && !DELTA_ && (tile::DQ_STAGED == 1 || (tile::DQ_STAGED == 2 && CAUSAL_));
+    static constexpr bool STAGED = !DELTA_ && (tile::DQ_STAGED == 1 || (tile::DQ_STAGED == 2 && CAUSAL_));
+    static_assert(!ORDERED_ || STAGED, "deterministic runs add dQ by the ordered writers (no D = 80 instantiation)");
     static constexpr int NQ = BR / 8; /* n8 column groups of S^T, dP^T (queries) */
     static constexpr int NO = D / 8;  /* ... of dV, dK (head dim) */
     /* the exponentials' L_i, D_i read ahead and unmasked tiles on a loop of their own: causal D = 128 only (H200, bf16,
@@ -81,8 +82,9 @@ typedef struct {
     int rotary;          /* rotate dK back (the forward rotated k by rotary_base over all D columns) */
     float rotary_base;
     int dkv_tma;         /* dV, dK stored by TMA through the kernel's dk / dv tensor maps (sm90_bwd_epilogue) */
-    int *dq_order;       /* deterministic runs: per (batch, query head, query tile of Br, consumer warpgroup) the key
-                          * blocks whose dQ share has been added, ((b H + h) order_tiles + tile) 2 + cw; zeroed */
+    int *dq_order;       /* deterministic runs: per (batch, query head, query tile of Br, chain, consumer warpgroup)
+                          * the key blocks whose dQ share has been added, (((b H + h) order_tiles + tile) 2 + chain) 2
+                          * + cw; zeroed */
     int order_tiles;     /* tiles of 64 queries per head (>= the tiles of Br) */
     /* T5 kernels: each head's table in log2 units as shared memory holds it (t5_row floats a head, sm90_t5_expand) of
      * relative positions -t5_lneg .. t5_n - 1 - t5_lneg; t5_part (NULL: no gradient) receives each block's gradient
@@ -91,6 +93,8 @@ typedef struct {
     int t5_row, t5_lneg, t5_n;
     float *t5_part;
     float *delta_out;    /* the delta pass: rowsum(P o dP) added here, rows as delta's (zeroed) */
+    int acc2_row;        /* deterministic non-causal runs: the second chain's accumulator, which follows dq_acc, from
+                          * this row of the dQ map on; 0: one chain, every block from tile 0 (sm90_bwd_tile) */
 } fs_sm90_bwd_args;
 
 /* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two
