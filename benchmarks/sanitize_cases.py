@@ -75,6 +75,9 @@ def backward_cases():
     # ... deterministic: staggered key blocks adding dQ in two chains, into two accumulators
     flashsci.attention_varlen_backward(torch.randn_like(out), qp, kp, vp, out, lse, cu, cu, 1300, 1300,
                                        deterministic=True)
+    out, lse = flashsci.attention_varlen(qp, kp, vp, cu, cu, 1300, 1300, causal=True, return_lse=True)  # lightest first
+    flashsci.attention_varlen_backward(torch.randn_like(out), qp, kp, vp, out, lse, cu, cu, 1300, 1300, causal=True,
+                                       deterministic=True)
     backward(q[:, :, :0], q, q)
     backward(q, q[:, :, :0], q[:, :, :0])
     torch.cuda.synchronize()

@@ -436,7 +436,8 @@ def test_deterministic(d):
 @pytest.mark.parametrize("d", [64, 128])
 def test_deterministic_grouped_and_packed(d):
     """deterministic=True over many key blocks per query tile: grouped K/V heads without a mask (every key block adds
-    to every tile, in key-block order on Hopper) and packed causal sequences (the blocks' tiles last first there)."""
+    to every tile, in key-block order on Hopper) and packed causal sequences (on Hopper D = 64's key blocks lightest
+    first, each tile's adds from its last key block down; D = 128's tiles last first)."""
     b, h, hkv, s = 2, 4, 2, 1100
     q, dout, k, v = rand(b, h, s, d), rand(b, h, s, d), rand(b, hkv, s, d), rand(b, hkv, s, d)
     out, lse = flashsci.attention(q, k, v, return_lse=True)

@@ -66,11 +66,13 @@ FS_DEV_T void sm90_bwd_dq_writer(const sm90_bwd_shared<typename K::T> &sh, const
  * warpgroup; lane: its lane) for the CTA's one block. Per step, lane 0 polls the counter of the tile's chain
  * (sm90_bwd_tile) until the key blocks before this one in the chain have counted themselves, adds the warpgroup's
  * staged share by TMA reductions as the writer warp does (the second chain's into the second accumulator, a.acc2_row
- * rows on), frees the staging once they have read it and, once they have completed, counts this block. Chain 0 of
- * tile t holds key blocks 0, 1, .. (C j + t < n_q), chain 1 the rest, block j its (j - ceil((n_q - t) / C))-th; so
- * every element's sum has one order. The poll runs ahead of the consumers' share, the wait for the reductions after
- * the staging is free: neither is on the consumers' path. (Polling for the next step before counting this one made
- * each count wait for the block before's count at the next step, a convoy again: 1.23-1.47x the default's time.) */
+ * rows on), frees the staging once they have read it and, once they have completed, counts this block. Non-causal:
+ * chain 0 of tile t holds key blocks 0, 1, .. (C j + t < n_q), chain 1 the rest, block j its (j - ceil((n_q - t) /
+ * C))-th; causal: one chain, from the tile's last key block down (K::LIGHT_FIRST) or from block 0 up. So every
+ * element's sum has one order. The poll runs ahead of the consumers' share, the wait for the reductions after the
+ * staging is free: neither is on the consumers' path. (Polling for the next step before counting this one made each
+ * count wait for the block before's count at the next step, a convoy again: 1.23-1.47x the default's time; reading
+ * the next step's counter while the reductions complete held each count back by that read: 1-4% slower.) */
 template <class K>
 FS_DEV_T void sm90_bwd_dq_writer_ordered(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq,
                                          const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int cw, int lane)
@@ -89,10 +91,14 @@ FS_DEV_T void sm90_bwd_dq_writer_ordered(const sm90_bwd_shared<typename K::T> &s
             const int t = sm90_bwd_tile<K>(blk, i), chain = sm90_bwd_chain<K>(blk, t);
             int *count = count0 + 4 * t + 2 * chain;
             if (lane == 0) {
-                const int rank_in = chain ? rank - (n_q - t + C - 1) / C : rank;
+                /* the blocks before this one in the chain: LIGHT_FIRST (Br = Bc), those above it up to the tile's
+                 * last (the sequence's last key block, or the tile's diagonal one) */
+                const int turn = K::LIGHT_FIRST ? min(blk.q_tile0 + t, (blk.seq.k_len + K::BC - 1) / K::BC - 1) - rank
+                               : chain          ? rank - (n_q - t + C - 1) / C
+                                                : rank;
                 int seen;
                 do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
-                while (seen != rank_in);
+                while (seen != turn);
                 asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the adds before, for the reductions */
             }
             bwd_dq_staged_wait(cw);

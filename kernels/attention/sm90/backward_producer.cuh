@@ -33,6 +33,7 @@ template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_a
         const int first = t / (a.section * a.n_kblocks) * a.section, in = min(a.section, heads - first);
         const int r = t - first * a.n_kblocks;
         kt = r / in;
+        if (K::LIGHT_FIRST) kt = a.n_kblocks - 1 - kt; /* lightest first (sm90_bwd_tile) */
         head = first + r % in;
     } else {
         kt = t % a.n_kblocks;
@@ -76,15 +77,18 @@ FS_DEV int sm90_bwd_head(const fs_attn_params &p, const sm90_bwd_block &blk, int
 {
     return blk.hkv * p.kv_group + it / blk.n_q;
 }
-/* The tile (from q_tile0) of a block's i-th step of a head. Ordered causal blocks go last tile first, so every key
- * block reaches a tile at the same step and none waits for the blocks before it to come down to its first tile.
- * Ordered non-causal blocks j = 0, 1, .. start C j tiles back (rot): block j reaches tile t at step t + C j (chain 0)
- * or, wrapped, t + C j - n_q (chain 1), so within a chain each block comes to a tile C steps after the block before
- * it (whose add it waits for) and no block waits for a higher one, which might not be resident yet. */
+/* The tile (from q_tile0) of a block's i-th step of a head. Ordered non-causal blocks j = 0, 1, .. start C j tiles
+ * back (rot): block j reaches tile t at step t + C j (chain 0) or, wrapped, t + C j - n_q (chain 1), so within a chain
+ * each block comes to a tile C steps after the block before it (whose add it waits for). Ordered causal blocks at
+ * D = 64 (K::LIGHT_FIRST) go from their first tile up, as the default's, but the CTAs take them lightest first
+ * (sm90_bwd_block_of) and a tile's adds go from its last key block down: block j reaches tile t at step t - j, a step
+ * after block j + 1. Either way no block waits for one the hardware starts after it, which might not be resident yet.
+ * Other ordered causal blocks go last tile first: every key block reaches a tile at the same step, in key-block
+ * order. */
 template <class K> FS_DEV_T int sm90_bwd_tile(const sm90_bwd_block &blk, int i)
 {
-    if constexpr (K::ORDERED && K::CAUSAL) return blk.n_q - 1 - i;
-    if constexpr (K::ORDERED) return i < blk.rot ? i - blk.rot + blk.n_q : i - blk.rot;
+    if constexpr (K::ORDERED && K::CAUSAL && !K::LIGHT_FIRST) return blk.n_q - 1 - i;
+    if constexpr (K::ORDERED && !K::CAUSAL) return i < blk.rot ? i - blk.rot + blk.n_q : i - blk.rot;
     return i;
 }
 template <class K> FS_DEV_T int sm90_bwd_q0(const sm90_bwd_block &blk, int it)
