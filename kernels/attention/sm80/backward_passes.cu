@@ -2,8 +2,8 @@
  *   pre:  D_i = rowsum(dO_i o O_i) in float32 (zeros where a delta pass computes D_i = rowsum(P o dP) instead: the
  *         runs with dbias or the T5 table's gradient), and dQ's float32 accumulator zeroed (the main kernel adds to it);
  *   post: dQ = scale * accumulator (its rows in fs_dq_slot's order; plus the second where the Hopper kernel's ordered
- *         runs keep one), rotated back when the forward rotated q, converted
- *         to dq's dtype and strides; a thread takes FS_POST_HEADS heads of a row, whose rotation angles are the same.
+ *         runs keep one), rotated back when the forward rotated q, converted to dq's dtype and strides; a thread takes
+ *         FS_POST_HEADS heads of a row, whose rotation angles are the same.
  * and the T5 table's gradient summed from the dQ kernel's per-block partials. Memory-bound: each reads and writes its rows once, a thread per 16-byte chunk (pre) or chunk pair (post: the pair a
  * rotation couples, x[c] and x[c + D/2]).
  *

@@ -1,6 +1,5 @@
 /* Hopper attention backward: the named barriers its warps meet at (0 is __syncthreads). 1: both consumer warpgroups;
- * 2, 3: their turns at the tensor cores; 8-11: staged dQ's writer warp(s); 12, 13:
- * each consumer warpgroup by itself. */
+ * 2, 3: their turns at the tensor cores; 8-11: staged dQ's writer warp(s); 12, 13: each consumer warpgroup by itself. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_BARRIERS_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_BARRIERS_CUH
 
@@ -30,9 +29,9 @@ template <int ID> FS_DEV_T void bwd_pair_arrive(int cw)
 }
 
 /* Staged dQ: consumer warpgroup cw and the writer warp (warp 1 of the producer warpgroup; deterministic runs: the
- * ordered writer, warp 1 + cw) meet at named barrier 8 + cw
- * once the warpgroup's share is in shared memory (it arrives, the writer waits) and at 10 + cw once the writer's
- * reductions have read it (the writer arrives, the warpgroup waits before its next share). */
+ * ordered writer, warp 1 + cw) meet at named barrier 8 + cw once the warpgroup's share is in shared memory (it
+ * arrives, the writer waits) and at 10 + cw once the writer's reductions have read it (the writer arrives, the
+ * warpgroup waits before its next share). */
 FS_DEV void bwd_dq_staged(int cw) { bwd_pair_arrive<8>(cw); }
 FS_DEV void bwd_dq_free_wait(int cw) { bwd_pair_sync<10>(cw); }
 /* ... and the writer's side of the same two barriers. */
