@@ -17,6 +17,21 @@
 template <int D> FS_DEV_T int bwd_dq_box_row(int cw) { return D == 64 ? 64 * cw : 0; }
 template <int D> FS_DEV_T int bwd_dq_box_col(int cw, int c) { return (D == 64 ? 0 : 64 * cw) + 16 * c; }
 
+/* Consumer warpgroup cw's staged share added into the accumulator from row on (the tile's first row plus
+ * bwd_dq_box_row) by TMA reductions (one thread; columns past D not added, rows past the map dropped), waited for
+ * until they have read the staging. */
+template <class K>
+FS_DEV_T void bwd_dq_add_share(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq, const fs_attn_params &p,
+                               int cw, int row)
+{
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+        if (bwd_dq_box_col<K::D>(cw, c) < p.D)
+            tma_reduce_add_2d(&map_dq, sh.sdQ + (4 * cw + c) * 64 * 16, bwd_dq_box_col<K::D>(cw, c), row);
+    bulk_commit();
+    bulk_wait_read();
+}
+
 /* The dQ writer (K::STAGED) for block blk: per step and consumer warpgroup, once its share is staged, lane 0 adds the
  * share's boxes into the accumulator (rows at fs_bwd_row; a tile's rows past its head or sequence add zeros, rows past
  * the accumulator and columns past D are dropped) and frees the staging once the reductions have read it (but for the
@@ -35,15 +50,7 @@ FS_DEV_T void sm90_bwd_dq_writer_block(const sm90_bwd_shared<typename K::T> &sh,
 #pragma unroll
             for (int cw = 0; cw < 2; cw++) {
                 bwd_dq_staged_wait(cw);
-                if (lane == 0) {
-#pragma unroll
-                    for (int c = 0; c < 4; c++)
-                        if (bwd_dq_box_col<K::D>(cw, c) < p.D)
-                            tma_reduce_add_2d(&map_dq, sh.sdQ + (4 * cw + c) * 64 * 16, bwd_dq_box_col<K::D>(cw, c),
-                                              row + bwd_dq_box_row<K::D>(cw));
-                    bulk_commit();
-                    bulk_wait_read();
-                }
+                if (lane == 0) bwd_dq_add_share<K>(sh, map_dq, p, cw, row + bwd_dq_box_row<K::D>(cw));
                 __syncwarp();
                 if (K::PERSIST || it < last) bwd_dq_free(cw);
             }
@@ -93,7 +100,7 @@ FS_DEV_T void sm90_bwd_dq_writer_ordered(const sm90_bwd_shared<typename K::T> &s
             if (lane == 0) {
                 /* the blocks before this one in the chain: LIGHT_FIRST (Br = Bc), those above it up to the tile's
                  * last (the sequence's last key block, or the tile's diagonal one) */
-                const int turn = K::LIGHT_FIRST ? min(blk.q_tile0 + t, (blk.seq.k_len + K::BC - 1) / K::BC - 1) - rank
+                const int turn = K::LIGHT_FIRST ? min(blk.q_tile0 + t, sm90_bwd_key_blocks<K>(blk) - 1) - rank
                                : chain          ? rank - (n_q - t + C - 1) / C
                                                 : rank;
                 int seen;
@@ -102,15 +109,7 @@ FS_DEV_T void sm90_bwd_dq_writer_ordered(const sm90_bwd_shared<typename K::T> &s
                 asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the adds before, for the reductions */
             }
             bwd_dq_staged_wait(cw);
-            if (lane == 0) {
-                const int row = row0 + t * K::BR + (chain ? a.acc2_row : 0);
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-                    if (bwd_dq_box_col<K::D>(cw, c) < p.D)
-                        tma_reduce_add_2d(&map_dq, sh.sdQ + (4 * cw + c) * 64 * 16, bwd_dq_box_col<K::D>(cw, c), row);
-                bulk_commit();
-                bulk_wait_read();
-            }
+            if (lane == 0) bwd_dq_add_share<K>(sh, map_dq, p, cw, row0 + t * K::BR + (chain ? a.acc2_row : 0));
             __syncwarp();
             if (it < last) bwd_dq_free(cw);
             if (lane == 0) {

@@ -24,6 +24,11 @@ typedef struct {
     int tb;    /* the batch coordinate of the tensor maps: b, or 0 for packed rows */
     fs_seq seq; /* the sequence's rows (packed: from qo / ko of the packed tensors) and lengths */
 } sm90_bwd_block;
+/* The key blocks of blk's sequence. */
+template <class K> FS_DEV_T int sm90_bwd_key_blocks(const sm90_bwd_block &blk)
+{
+    return (blk.seq.k_len + K::BC - 1) / K::BC;
+}
 template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_args &a, int t)
 {
     const fs_attn_params &p = a.g.p;
@@ -52,7 +57,7 @@ template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_a
     /* rot = C j for key block j of the sequence's n_k (C = Bc / Br tiles a block's keys span) while every C j < n_q:
      * the adds to a tile then form two chains, each in key-block order (sm90_bwd_dq_writer_ordered) */
     constexpr int C = K::BC / K::BR;
-    const int n_k = (blk.seq.k_len + K::BC - 1) / K::BC;
+    const int n_k = sm90_bwd_key_blocks<K>(blk);
     blk.rot = K::ORDERED && !K::CAUSAL && a.acc2_row && C * (n_k - 1) < blk.n_q ? C * kt : 0;
     return blk;
 }
@@ -93,6 +98,8 @@ template <class K> FS_DEV_T int sm90_bwd_tile(const sm90_bwd_block &blk, int i)
 }
 template <class K> FS_DEV_T int sm90_bwd_q0(const sm90_bwd_block &blk, int it)
 {
+    /* i itself outside ordered runs, spelled out: through sm90_bwd_tile the same arithmetic had ptxas serialize the
+     * D = 80 kernels' wgmmas (C7511) */
     const int i = it % blk.n_q;
     return (blk.q_tile0 + (K::ORDERED ? sm90_bwd_tile<K>(blk, i) : i)) * K::BR;
 }
