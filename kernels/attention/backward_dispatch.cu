@@ -76,10 +76,11 @@ static int hopper_native(const fs_attn_bwd_params *g, int sm90)
 
 /* The head dim the kernels run p at: its own where a kernel reads it (on Hopper also 80, 96 and 112, which the wgmma
  * kernel reads directly: sm90_kernel_dim) or the next native one; on Hopper, other D in (64, 128) at 128 where the
- * wgmma kernel takes the padded problem (as the forward: faster than the portable kernel at 96). */
-static int backward_dim(const fs_attn_bwd_params *g, int sm90)
+ * wgmma kernel takes the padded problem (as the forward: faster than the portable kernel at 96). hopper:
+ * hopper_native(g, sm90). */
+static int backward_dim(const fs_attn_bwd_params *g, int sm90, int hopper)
 {
-    if (hopper_native(g, sm90)) return g->p.D;
+    if (hopper) return g->p.D;
     const int Dp = fs_attention_run_dim(g->p.D);
     if (!sm90 || Dp == g->p.D || g->p.D < 64 || g->p.D > 128) return Dp;
     fs_attn_bwd_params wide = *g;
@@ -145,7 +146,7 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     const fs_attn_params *p = &g->p;
     if (p->dtype != FS_F16 && p->dtype != FS_BF16) return cudaErrorInvalidValue;
     if (p->D % 8 || p->D > 256) return cudaErrorNotSupported;
-    const int Dp = backward_dim(g, sm90), native = Dp == p->D;
+    const int hopper = hopper_native(g, sm90), Dp = backward_dim(g, sm90, hopper), native = Dp == p->D;
     fs_bwd_work w;
     w.sm90 = sm90;
     w.rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
@@ -156,7 +157,7 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     /* workspace: the counters other launchers keep at zero, Delta, dQ's accumulator (deterministic non-causal runs of
      * the Hopper kernel at their own head dim: a second right after it, for the second chain of key blocks), the
      * rotated q and k */
-    const int two_acc = native && g->deterministic && !p->causal && hopper_native(g, sm90);
+    const int two_acc = hopper && g->deterministic && !p->causal;
     const size_t off_delta = FS_COUNTER_BYTES, off_acc = align256(off_delta + 4 * (size_t)w.rows);
     const size_t off_rot = align256(off_acc + 4 * (size_t)w.rows * Dp * (two_acc ? 2 : 1));
     const size_t off_t5 = align256(off_rot + (p->rotary && native ? fs_rotary_bytes(p) : 0));
