@@ -464,10 +464,10 @@ def test_deterministic_grouped_and_packed(d):
 
 @pytest.mark.parametrize("d", [64, 80, 128])
 def test_deterministic_non_causal(d):
-    """deterministic=True without a causal mask, where Hopper's key blocks start at staggered query tiles and add dQ
-    in two chains (two accumulators) when every block's tiles go once around (Sq = Sk, Sq > Sk, packed sequences of
-    any length), in one chain from tile 0 when they do not (Sq < Sk): bit-identical across runs, as accurate as the
-    default."""
+    """deterministic=True without a causal mask, where Hopper's key blocks start at staggered query tiles, each tile's
+    adds in the order the blocks reach it, when every block's tiles go once around (Sq = Sk, Sq > Sk, packed sequences
+    of any length), all from tile 0 in key-block order when they do not (Sq < Sk): bit-identical across runs, as
+    accurate as the default."""
     for sq, sk in ((650, 650), (1000, 300), (200, 900)):
         q, dout, k, v = rand(2, 4, sq, d), rand(2, 4, sq, d), rand(2, 4, sk, d), rand(2, 4, sk, d)
         out, lse = flashsci.attention(q, k, v, return_lse=True)

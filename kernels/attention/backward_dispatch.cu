@@ -6,9 +6,8 @@
  * kernels' head dim Dp, Delta), plus q and k rotated when the forward used rotary, plus 4 bytes per (batch, head, 64
  * queries, bucket) for the T5 gradient (on Hopper 4 bytes per (batch, head, 128 keys, relative position: up to
  * 2 max_distance + 1 of them) if that is more) and on Hopper each head's T5 table (up to 4 (2 max_distance + 385)
- * bytes), plus (padded head dims) q, k, v, dO, dk and dv at Dp, plus (deterministic runs on Hopper) 16 bytes per
- * (batch, head, 64 queries) for the counters that order dQ's adds and (non-causal ones at their own head dim) 4 D
- * bytes per query row and head for a second dQ accumulator. */
+ * bytes), plus (padded head dims) q, k, v, dO, dk and dv at Dp, plus (deterministic runs on Hopper) 8 bytes per
+ * (batch, head, 64 queries) for the counters that order dQ's adds, and 16 for the one the CTAs take blocks from. */
 #include "attention/head_copy.h"
 #include "attention/launchers.h"
 #include "attention/sm80/backward.h"
@@ -27,8 +26,8 @@ static size_t align256(size_t x)
 static cudaError_t run_kernels(const fs_attn_bwd_params *g, fs_bwd_work *w, int device, cudaStream_t stream)
 {
     if (w->sm90 && fs_sm90_backward_covers(g, w->rotary, w->rotary_dim)) {
-        const fs_sm90_bwd_work w90 = {w->dq_acc, w->delta, g->deterministic ? w->dq_order : NULL, w->dq_acc2,
-                                      w->rotary, w->rotary_base, w->t5_rows, g->dtable ? w->t5_part : NULL};
+        const fs_sm90_bwd_work w90 = {w->dq_acc, w->delta, g->deterministic ? w->dq_order : NULL, w->rotary,
+                                      w->rotary_base, w->t5_rows, g->dtable ? w->t5_part : NULL};
         w->t5_hopper = 1;
         cudaError_t err = cudaSuccess;
         if (w90.dq_order) err = cudaMemsetAsync(w90.dq_order, 0, 4 * fs_sm90_order_ints(&g->p), stream);
@@ -154,12 +153,9 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     w.rotary = p->rotary;
     w.rotary_dim = p->D;
     w.rotary_base = p->rotary_base;
-    /* workspace: the counters other launchers keep at zero, Delta, dQ's accumulator (deterministic non-causal runs of
-     * the Hopper kernel at their own head dim: a second right after it, for the second chain of key blocks), the
-     * rotated q and k */
-    const int two_acc = hopper && g->deterministic && !p->causal;
+    /* workspace: the counters other launchers keep at zero, Delta, dQ's accumulator, the rotated q and k */
     const size_t off_delta = FS_COUNTER_BYTES, off_acc = align256(off_delta + 4 * (size_t)w.rows);
-    const size_t off_rot = align256(off_acc + 4 * (size_t)w.rows * Dp * (two_acc ? 2 : 1));
+    const size_t off_rot = align256(off_acc + 4 * (size_t)w.rows * Dp);
     const size_t off_t5 = align256(off_rot + (p->rotary && native ? fs_rotary_bytes(p) : 0));
     const size_t t5_q = (size_t)p->B * p->H * ((p->Sq + 63) / 64) * p->t5_buckets, t5_k = fs_sm90_bwd_t5_part_floats(p);
     const size_t t5_floats = g->dtable ? (sm90 && t5_k > t5_q ? t5_k : t5_q) : 0;
@@ -171,7 +167,6 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     if (err != cudaSuccess) return err;
     w.delta = (float *)(ws + off_delta);
     w.dq_acc = (float *)(ws + off_acc);
-    w.dq_acc2 = two_acc ? w.dq_acc + w.rows * Dp : NULL;
     w.t5_part = (float *)(ws + off_t5);
     w.t5_rows = (float *)(ws + off_t5_rows);
     w.t5_hopper = 0;

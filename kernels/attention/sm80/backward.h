@@ -22,8 +22,6 @@ typedef struct {
     float rotary_base;
     int sm90;          /* the Hopper main kernel may run (an sm_90 device, not forced to the portable one) */
     int *dq_order;     /* deterministic runs on the Hopper kernel: its dQ counters (fs_sm90_order_ints), or NULL */
-    float *dq_acc2;    /* ... non-causal at their own head dim: a second accumulator as dq_acc, zeroed by the pre-pass
-                        * and added in by the post-pass; else NULL */
 } fs_bwd_work;
 
 /* Delta = rowsum(dO o O) (zeros where a delta pass follows: g->dbias, g->dtable) and dQ's accumulator (rows of acc_d

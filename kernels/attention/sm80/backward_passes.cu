@@ -1,9 +1,8 @@
 /* The passes around the attention backward's main kernel (backward.cuh), sm_80+, fp16/bf16:
  *   pre:  D_i = rowsum(dO_i o O_i) in float32 (zeros where a delta pass computes D_i = rowsum(P o dP) instead: the
  *         runs with dbias or the T5 table's gradient), and dQ's float32 accumulator zeroed (the main kernel adds to it);
- *   post: dQ = scale * accumulator (its rows in fs_dq_slot's order; plus the second where the Hopper kernel's ordered
- *         runs keep one), rotated back when the forward rotated q, converted to dq's dtype and strides; a thread takes
- *         FS_POST_HEADS heads of a row, whose rotation angles are the same.
+ *   post: dQ = scale * accumulator (its rows in fs_dq_slot's order), rotated back when the forward rotated q, converted
+ *         to dq's dtype and strides; a thread takes FS_POST_HEADS heads of a row, whose rotation angles are the same.
  * and the T5 table's gradient summed from the dQ kernel's per-block partials. Memory-bound: each reads and writes its rows once, a thread per 16-byte chunk (pre) or chunk pair (post: the pair a
  * rotation couples, x[c] and x[c + D/2]).
  *
@@ -66,14 +65,9 @@ __global__ void __launch_bounds__(FS_PASS_THREADS) backward_pre(const fs_pass_ar
             sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
         }
     }
-    if (row && c < a.acc_d / 8) { /* the accumulators' rows, a.acc_d >= D columns */
-        const int64_t at = pass_row(a, r, h).ws_row * a.acc_d + c * 8;
-        float4 *acc = reinterpret_cast<float4 *>(a.w.dq_acc + at);
+    if (row && c < a.acc_d / 8) { /* the accumulator's row, a.acc_d >= D columns */
+        float4 *acc = reinterpret_cast<float4 *>(a.w.dq_acc + pass_row(a, r, h).ws_row * a.acc_d + c * 8);
         acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (a.w.dq_acc2) {
-            acc = reinterpret_cast<float4 *>(a.w.dq_acc2 + at);
-            acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-        }
     }
 #pragma unroll
     for (int m = TPR / 2; m > 0; m /= 2) sum += __shfl_xor_sync(0xffffffff, sum, m);
@@ -96,26 +90,11 @@ __global__ void __launch_bounds__(FS_PASS_THREADS) backward_post(const fs_pass_a
 #pragma unroll
     for (int j = 0; j < FS_POST_HEADS; j++) { /* every head's loads in flight before the arithmetic */
         if (h0 + j >= p.H) break;
-        const int64_t at = pass_row(a, r, h0 + j).ws_row * D;
-        const float *acc = a.w.dq_acc + at;
+        const float *acc = a.w.dq_acc + pass_row(a, r, h0 + j).ws_row * D;
 #pragma unroll
         for (int e = 0; e < 8; e += 2) { /* the accumulator's order (fs_dq_slot): column pairs apart */
             *reinterpret_cast<float2 *>(&lo[j][e]) = *reinterpret_cast<const float2 *>(acc + fs_dq_slot(8 * c + e));
             *reinterpret_cast<float2 *>(&hi[j][e]) = *reinterpret_cast<const float2 *>(acc + fs_dq_slot(8 * (c + HALF) + e));
-        }
-    }
-    if (a.w.dq_acc2) { /* the second accumulator added in (the Hopper kernel's ordered runs), in one order */
-#pragma unroll
-        for (int j = 0; j < FS_POST_HEADS; j++) {
-            if (h0 + j >= p.H) break;
-            const float *acc = a.w.dq_acc2 + pass_row(a, r, h0 + j).ws_row * D;
-#pragma unroll
-            for (int e = 0; e < 8; e += 2) {
-                const float2 l = *reinterpret_cast<const float2 *>(acc + fs_dq_slot(8 * c + e));
-                const float2 u = *reinterpret_cast<const float2 *>(acc + fs_dq_slot(8 * (c + HALF) + e));
-                lo[j][e] += l.x; lo[j][e + 1] += l.y;
-                hi[j][e] += u.x; hi[j][e + 1] += u.y;
-            }
         }
     }
     const fs_pass_row x = pass_row(a, r, 0);

@@ -13,9 +13,8 @@ typedef struct {
     float *dq_acc;      /* float32 rows of the data's head dim (the backward's fs_bwd_row), zeroed; the kernel adds column j
                          * at fs_dq_slot(j) */
     float *delta;       /* rowsum(dO o O) per row; the T5 gradient's runs: rowsum(P o dP) by the delta pass */
-    int *dq_order;      /* deterministic runs: fs_sm90_order_ints(g) zeroed ints (dQ's adds in key-block order); else NULL */
-    float *dq_acc2;     /* deterministic non-causal runs: a second accumulator as dq_acc, right after it (zeroed), for
-                         * the key blocks whose tiles wrap around (sm90_bwd_tile), added in by the post-pass; or NULL */
+    int *dq_order;      /* deterministic runs: fs_sm90_order_ints(g) zeroed ints (dQ's adds in one order per tile, the
+                         * CTAs' block counter); else NULL */
     int rotary;         /* dK rotated back by rotary_base (the forward rotated q and k over all D columns) */
     float rotary_base;
     float *t5_rows;     /* the T5 bias: H fs_sm90_bwd_t5_row(p) floats, the tables as the kernel's blocks load them */

@@ -7,7 +7,7 @@
 
 size_t fs_sm90_order_ints(const fs_attn_params *p)
 {
-    return (size_t)p->B * p->H * ((p->Sq + 63) / 64) * 4;
+    return (size_t)p->B * p->H * ((p->Sq + 63) / 64) * 2 + 4;
 }
 
 int fs_sm90_bwd_t5_row(const fs_attn_params *p)

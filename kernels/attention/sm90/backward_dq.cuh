@@ -70,46 +70,39 @@ FS_DEV_T void sm90_bwd_dq_writer(const sm90_bwd_shared<typename K::T> &sh, const
 }
 
 /* The ordered dQ writer of consumer warpgroup cw (K::ORDERED, deterministic runs: warp 1 + cw of the producer
- * warpgroup; lane: its lane) for the CTA's one block. Per step, lane 0 polls the counter of the tile's chain
- * (sm90_bwd_tile) until the key blocks before this one in the chain have counted themselves, adds the warpgroup's
- * staged share by TMA reductions as the writer warp does (the second chain's into the second accumulator, a.acc2_row
- * rows on), frees the staging once they have read it and, once they have completed, counts this block. Non-causal:
- * chain 0 of tile t holds key blocks 0, 1, .. (C j + t < n_q), chain 1 the rest, block j its (j - ceil((n_q - t) /
- * C))-th; causal: one chain, from the tile's last key block down (K::LIGHT_FIRST) or from block 0 up. So every
- * element's sum has one order. The poll runs ahead of the consumers' share, the wait for the reductions after the
- * staging is free: neither is on the consumers' path. (Polling for the next step before counting this one made each
- * count wait for the block before's count at the next step, a convoy again: 1.23-1.47x the default's time; reading
- * the next step's counter while the reductions complete held each count back by that read: 1-4% slower.) */
+ * warpgroup; lane: its lane) for the CTA's one block. Per step, lane 0 polls the tile's counter until the key blocks
+ * before this one in the tile's order (sm90_bwd_tile, sm90_bwd_turn) have counted themselves, adds the warpgroup's
+ * staged share by TMA reductions as the writer warp does, frees the staging once they have read it and, once they
+ * have completed, counts this block. So every element's sum has one order. The poll runs ahead of the consumers'
+ * share, the wait for the reductions after the staging is free: neither is on the consumers' path. (Polling for the
+ * next step before counting this one made each count wait for the block before's count at the next step, a convoy
+ * again: 1.23-1.47x the default's time; reading the next step's counter while the reductions complete held each count
+ * back by that read: 1-4% slower.) */
 template <class K>
 FS_DEV_T void sm90_bwd_dq_writer_ordered(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq,
                                          const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int cw, int lane)
 {
     /* the consumers' steps (sm90_bwd_head, sm90_bwd_q0) as two loops, in the registers of the producer warpgroup;
      * deterministic runs have one CTA per block (never PERSIST) */
-    constexpr int C = K::BC / K::BR;
     const fs_attn_params &p = a.g.p;
-    const int rank = blk.k0 / K::BC, n_q = blk.n_q, group = p.kv_group, last = blk.n_iter - 1;
+    const int n_q = blk.n_q, group = p.kv_group, last = blk.n_iter - 1;
     const int head_rows = p.cu_seqlens_q ? p.total_q : p.Sq;
-    const int64_t per_head = 4 * (int64_t)a.order_tiles;
-    int *count0 = a.dq_order + ((int64_t)blk.b * p.H + blk.hkv * group) * per_head + 4 * blk.q_tile0 + cw;
+    const int64_t per_head = 2 * (int64_t)a.order_tiles;
+    int *count0 = a.dq_order + ((int64_t)blk.b * p.H + blk.hkv * group) * per_head + 2 * blk.q_tile0 + cw;
     int row0 = (int)fs_bwd_row(p, blk.b, blk.hkv * group, blk.seq.qo, blk.q_tile0 * K::BR) + bwd_dq_box_row<K::D>(cw);
     for (int g = 0, it = 0; g < group; g++, count0 += per_head, row0 += head_rows)
         for (int i = 0; i < n_q; i++, it++) {
-            const int t = sm90_bwd_tile<K>(blk, i), chain = sm90_bwd_chain<K>(blk, t);
-            int *count = count0 + 4 * t + 2 * chain;
+            const int t = sm90_bwd_tile<K>(blk, i);
+            int *count = count0 + 2 * t;
             if (lane == 0) {
-                /* the blocks before this one in the chain: LIGHT_FIRST (Br = Bc), those above it up to the tile's
-                 * last (the sequence's last key block, or the tile's diagonal one) */
-                const int turn = K::LIGHT_FIRST ? min(blk.q_tile0 + t, sm90_bwd_key_blocks<K>(blk) - 1) - rank
-                               : chain          ? rank - (n_q - t + C - 1) / C
-                                                : rank;
+                const int turn = sm90_bwd_turn<K>(a, blk, t);
                 int seen;
                 do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
                 while (seen != turn);
                 asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the adds before, for the reductions */
             }
             bwd_dq_staged_wait(cw);
-            if (lane == 0) bwd_dq_add_share<K>(sh, map_dq, p, cw, row0 + t * K::BR + (chain ? a.acc2_row : 0));
+            if (lane == 0) bwd_dq_add_share<K>(sh, map_dq, p, cw, row0 + t * K::BR);
             __syncwarp();
             if (it < last) bwd_dq_free(cw);
             if (lane == 0) {

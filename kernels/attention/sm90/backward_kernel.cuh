@@ -28,7 +28,8 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
                   "setmaxnreg: the warpgroups' registers fit the block's allocation");
     extern __shared__ unsigned char smem_raw[];
     const sm90_bwd_shared<T> sh = sm90_bwd_carve<K>(smem_raw);
-    const sm90_bwd_block first = sm90_bwd_block_of<K>(a, blockIdx.x); /* the CTA's first block */
+    /* the CTA's first block */
+    const sm90_bwd_block first = sm90_bwd_block_of<K>(a, K::TICKET ? sm90_bwd_ticket<K>(a, sh) : blockIdx.x);
     if (threadIdx.x == 0) {
         mbar_init(sh.kv_full, 1);
         mbar_init(sh.kv_empty, 256); /* every consumer thread, after its block's last products */

@@ -49,6 +49,7 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     int sms = 0;
     cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
+    a.resident = sms; /* one CTA per SM (__launch_bounds__(384, 1) and the shared memory) */
     using config = sm90_bwd_config<D, T, CAUSAL, ORDERED, T5, DELTA>;
     const bool persistent = config::PERSIST && !p->cu_seqlens_q && !p->seqlens; /* padded batches: blocks alike */
     const unsigned grid = persistent && blocks > sms ? (unsigned)sms : (unsigned)blocks;
@@ -60,17 +61,11 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     if (err == cudaSuccess) err = sm90_map(&mk, p->k, bf16, sk, hkv, nb, p->D, p->k_ss, p->k_sh, p->k_sb, tile::BC);
     if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, hkv, nb, p->D, p->v_ss, p->v_sh, p->v_sb, tile::BC);
     if (err == cudaSuccess) err = sm90_map(&mdo, g->dout, bf16, sq, p->H, nb, p->D, g->do_ss, g->do_sh, g->do_sb, tile::BR);
-    a.acc2_row = 0;
     if (config::STAGED && err == cudaSuccess) {
-        /* the dQ accumulator as rows of D floats (staged dQ's TMA reductions; their row coordinates are int32), and
-         * the second one of ordered non-causal runs right after it (the dispatcher places it there) */
+        /* the dQ accumulator as rows of D floats (staged dQ's TMA reductions; their row coordinates are int32) */
         const int64_t rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
-        const bool two = ORDERED && !CAUSAL && w->dq_acc2;
-        if (two && w->dq_acc2 != w->dq_acc + rows * p->D) return cudaErrorInvalidValue;
-        const int64_t all = two ? 2 * rows : rows;
-        a.acc2_row = two ? (int)rows : 0;
-        err = all > 0x7fffffffLL ? cudaErrorInvalidConfiguration
-                                 : fs_make_tensor_map_f32(&mdq, w->dq_acc, p->D, all, 4 * (cuuint64_t)p->D, 16, 64);
+        err = rows > 0x7fffffffLL ? cudaErrorInvalidConfiguration
+                                  : fs_make_tensor_map_f32(&mdq, w->dq_acc, p->D, rows, 4 * (cuuint64_t)p->D, 16, 64);
     }
     /* dV, dK by TMA (sm90_bwd_epilogue): one CTA per block, padded batches, strides a map takes; else direct stores */
     a.dkv_tma = !config::PERSIST && !DELTA && !p->cu_seqlens_q &&

@@ -16,8 +16,7 @@
  * first key see none of its keys). Non-causal blocks take one head's key blocks in turn (its Q, dO and dQ accumulator
  * stay in L2); causal ones go in sections of a.section heads whose data fits in about half of L2, each section's key
  * blocks heaviest (first) first. Packed sequences and seqlens: the batch's own lengths (a key block past them has no
- * step). Deterministic non-causal runs with a second dQ accumulator (a.acc2_row) rotate each block's tiles by rot
- * (sm90_bwd_tile). */
+ * step). Deterministic non-causal runs rotate each block's tiles by rot (sm90_bwd_tile). */
 typedef struct {
     int b, hkv, k0, q_tile0, n_q, n_iter;
     int rot;   /* ordered non-causal: step i takes tile i - rot (mod n_q); 0 elsewhere (sm90_bwd_tile) */
@@ -28,6 +27,14 @@ typedef struct {
 template <class K> FS_DEV_T int sm90_bwd_key_blocks(const sm90_bwd_block &blk)
 {
     return (blk.seq.k_len + K::BC - 1) / K::BC;
+}
+/* Whether an ordered non-causal block's sequence rotates its key blocks' tiles (sm90_bwd_tile): each key block j
+ * starts C j tiles back (C = Bc / Br, the tiles a block's keys span) while every C j < n_q, and all of them fit the
+ * CTAs resident at once (a block may wait for any other of its sequence, which then has been started or will be as
+ * soon as a CTA is free). */
+template <class K> FS_DEV_T bool sm90_bwd_rotated(const fs_sm90_bwd_args &a, int n_k, int n_q)
+{
+    return K::ORDERED && !K::CAUSAL && (K::BC / K::BR) * (n_k - 1) < n_q && n_k <= a.resident;
 }
 template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_args &a, int t)
 {
@@ -54,12 +61,21 @@ template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_a
     blk.q_tile0 = K::CAUSAL ? min(blk.k0 / K::BR, n_tiles) : 0;
     blk.n_q = n_tiles - blk.q_tile0;
     blk.n_iter = p.kv_group * blk.n_q;
-    /* rot = C j for key block j of the sequence's n_k (C = Bc / Br tiles a block's keys span) while every C j < n_q:
-     * the adds to a tile then form two chains, each in key-block order (sm90_bwd_dq_writer_ordered) */
-    constexpr int C = K::BC / K::BR;
     const int n_k = sm90_bwd_key_blocks<K>(blk);
-    blk.rot = K::ORDERED && !K::CAUSAL && a.acc2_row && C * (n_k - 1) < blk.n_q ? C * kt : 0;
+    blk.rot = sm90_bwd_rotated<K>(a, n_k, blk.n_q) ? K::BC / K::BR * kt : 0;
     return blk;
+}
+
+/* The index of the CTA's first block (sm90_bwd_block_of) where the blocks wait on blocks of higher index (K::TICKET),
+ * the next of a counter, thread 0's atomic through shared memory: the CTAs take the blocks in the order they start,
+ * which the hardware's order of blockIdx does not promise. Elsewhere blockIdx.x. */
+template <class K>
+FS_DEV_T int sm90_bwd_ticket(const fs_sm90_bwd_args &a, const sm90_bwd_shared<typename K::T> &sh)
+{
+    const fs_attn_params &p = a.g.p;
+    if (threadIdx.x == 0) *sh.ticket = atomicAdd(a.dq_order + 2 * (int64_t)p.B * p.H * a.order_tiles, 1);
+    __syncthreads();
+    return *sh.ticket;
 }
 
 /* Whether block blk is empty: packed rows past its sequence's keys (n_kblocks counts the longest sequence's key
@@ -82,14 +98,15 @@ FS_DEV int sm90_bwd_head(const fs_attn_params &p, const sm90_bwd_block &blk, int
 {
     return blk.hkv * p.kv_group + it / blk.n_q;
 }
-/* The tile (from q_tile0) of a block's i-th step of a head. Ordered non-causal blocks j = 0, 1, .. start C j tiles
- * back (rot): block j reaches tile t at step t + C j (chain 0) or, wrapped, t + C j - n_q (chain 1), so within a chain
- * each block comes to a tile C steps after the block before it (whose add it waits for). Ordered causal blocks at
- * D = 64 (K::LIGHT_FIRST) go from their first tile up, as the default's, but the CTAs take them lightest first
- * (sm90_bwd_block_of) and a tile's adds go from its last key block down: block j reaches tile t at step t - j, a step
- * after block j + 1. Either way no block waits for one the hardware starts after it, which might not be resident yet.
- * Other ordered causal blocks go last tile first: every key block reaches a tile at the same step, in key-block
- * order. */
+/* The tile (from q_tile0) of a block's i-th step of a head. Ordered non-causal blocks j = 0, 1, .. of a rotated
+ * sequence (sm90_bwd_rotated) start C j tiles back (rot): block j reaches tile t at step t + C j, or where that wrapped
+ * (j >= w, w = ceil((n_q - t) / C)) at t + C j - n_q, and a tile's adds go in that order (sm90_bwd_turn): each block
+ * comes to a tile C steps after the one before it, whose add it waits for (at least one step after where the order
+ * turns from the wrapped blocks to block 0). Ordered causal blocks at D = 64 (K::LIGHT_FIRST) go from their first
+ * tile up, as the default's, but the CTAs take them lightest first (sm90_bwd_block_of) and a tile's adds go from its
+ * last key block down: block j reaches tile t at step t - j, a step after block j + 1. Other ordered causal blocks go
+ * last tile first: every key block reaches a tile at the same step, in key-block order; so do unrotated non-causal
+ * ones, from tile 0. */
 template <class K> FS_DEV_T int sm90_bwd_tile(const sm90_bwd_block &blk, int i)
 {
     if constexpr (K::ORDERED && K::CAUSAL && !K::LIGHT_FIRST) return blk.n_q - 1 - i;
@@ -103,10 +120,16 @@ template <class K> FS_DEV_T int sm90_bwd_q0(const sm90_bwd_block &blk, int it)
     const int i = it % blk.n_q;
     return (blk.q_tile0 + (K::ORDERED ? sm90_bwd_tile<K>(blk, i) : i)) * K::BR;
 }
-/* The chain of tile t's adds a block is in (sm90_bwd_tile): 1 where its rotation wrapped, else 0. */
-template <class K> FS_DEV_T int sm90_bwd_chain(const sm90_bwd_block &blk, int t)
+/* How many key blocks add their dQ share to tile t (from q_tile0) before block blk (sm90_bwd_tile's order). */
+template <class K> FS_DEV_T int sm90_bwd_turn(const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int t)
 {
-    return K::ORDERED && !K::CAUSAL && t + blk.rot >= blk.n_q;
+    constexpr int C = K::BC / K::BR;
+    const int j = blk.k0 / K::BC, n_k = sm90_bwd_key_blocks<K>(blk);
+    /* the tile's last key block (the sequence's, or its diagonal one) down */
+    if constexpr (K::LIGHT_FIRST) return min(blk.q_tile0 + t, n_k - 1) - j;
+    if (!sm90_bwd_rotated<K>(a, n_k, blk.n_q)) return j;
+    const int w = (blk.n_q - t + C - 1) / C; /* the first block that wrapped (n_k: none) */
+    return j >= w ? j - w : j + max(n_k - w, 0);
 }
 
 /* The producer warp's whole work (lane: its lane). Per block, K_j, V_j (and the T5 table) land on kv_full: persistent

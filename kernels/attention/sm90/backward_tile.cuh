@@ -37,7 +37,7 @@ template <> struct fs_sm90_bwd_tile<128> { enum { BR = 64, BC = 128, STAGES = 2,
 constexpr int sm90_bwd_stored_dim(int d) { return (d + 63) / 64 * 64; }
 
 /* The constants of one instantiation: the products span D columns, shared memory holds DS a row (ORDERED: deterministic
- * runs, each warpgroup's dQ share added to a query tile after the key blocks before its own in the tile's chain, by
+ * runs, each warpgroup's dQ share added to a query tile after the key blocks before its own in the tile's order, by
  * per-tile counters: sm90_bwd_tile, sm90_bwd_dq_writer_ordered; T5: the T5 bias, backward_t5.cuh). */
 template <int D_, typename T_, bool CAUSAL_, bool ORDERED_, bool T5_, bool DELTA_> struct sm90_bwd_config {
     using T = T_;
@@ -53,6 +53,9 @@ template <int D_, typename T_, bool CAUSAL_, bool ORDERED_, bool T5_, bool DELTA
      * time at 4,096-8,192 tokens); at D = 128 last tile first as before (there it measured 1.08-1.12x -> 1.13-1.14x,
      * together with a read-ahead of the counters that cost other shapes 1-4%) */
     static constexpr bool LIGHT_FIRST = ORDERED_ && CAUSAL_ && BR == BC;
+    /* ordered non-causal runs: a CTA takes its block from a counter (sm90_bwd_ticket), so the blocks start in the order
+     * of their index, which rotated blocks wait on (sm90_bwd_tile) */
+    static constexpr bool TICKET = ORDERED_ && !CAUSAL_;
     static constexpr int NQ = BR / 8; /* n8 column groups of S^T, dP^T (queries) */
     static constexpr int NO = D / 8;  /* ... of dV, dK (head dim) */
     /* the exponentials' L_i, D_i read ahead and unmasked tiles on a loop of their own: causal D = 128 only (H200, bf16,
@@ -87,9 +90,9 @@ typedef struct {
     int rotary;          /* rotate dK back (the forward rotated k by rotary_base over all D columns) */
     float rotary_base;
     int dkv_tma;         /* dV, dK stored by TMA through the kernel's dk / dv tensor maps (sm90_bwd_epilogue) */
-    int *dq_order;       /* deterministic runs: per (batch, query head, query tile of Br, chain, consumer warpgroup)
-                          * the key blocks whose dQ share has been added, (((b H + h) order_tiles + tile) 2 + chain) 2
-                          * + cw; zeroed */
+    int *dq_order;       /* deterministic runs: per (batch, query head, query tile of Br, consumer warpgroup) the key
+                          * blocks whose dQ share has been added, ((b H + h) order_tiles + tile) 2 + cw, and after
+                          * them the CTAs' block counter (sm90_bwd_ticket); zeroed */
     int order_tiles;     /* tiles of 64 queries per head (>= the tiles of Br) */
     /* T5 kernels: each head's table in log2 units as shared memory holds it (t5_row floats a head, sm90_t5_expand) of
      * relative positions -t5_lneg .. t5_n - 1 - t5_lneg; t5_part (NULL: no gradient) receives each block's gradient
@@ -98,20 +101,21 @@ typedef struct {
     int t5_row, t5_lneg, t5_n;
     float *t5_part;
     float *delta_out;    /* the delta pass: rowsum(P o dP) added here, rows as delta's (zeroed) */
-    int acc2_row;        /* deterministic non-causal runs: the second chain's accumulator, which follows dq_acc, from
-                          * this row of the dQ map on; 0: one chain, every block from tile 0 (sm90_bwd_tile) */
+    int resident;        /* ordered non-causal runs: the CTAs resident at once (one per SM), the most key blocks of a
+                          * sequence that rotate (sm90_bwd_rotated) */
 } fs_sm90_bwd_args;
 
 /* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two
  * buffers of dS^T (64-query panels of Bc rows, as dQ's MN-major A), dQ_i's float32 staging where the tile stages it
  * (boxes of 16 columns by 64 rows, unswizzled), STAGES buffers of L_i log2 e and D_i, the T5 region (T5 kernels),
- * the mbarriers (K_j, V_j full and empty, the ring's full and empty); plus 1 KiB alignment slack */
+ * the mbarriers (K_j, V_j full and empty, the ring's full and empty), the CTA's block (K::TICKET); plus 1 KiB
+ * alignment slack */
 template <int D, bool T5> constexpr int sm90_bwd_smem()
 {
     using t = fs_sm90_bwd_tile<D>;
     constexpr int DS = sm90_bwd_stored_dim(D);
     return (2 * t::BC * DS + 2 * t::STAGES * t::BR * DS + 2 * t::BC * t::BR) * 2 + (t::DQ_STAGED > 0) * t::BR * DS * 4 +
-           2 * t::STAGES * t::BR * 4 + (T5 ? 4 * FS_SM90_BWD_T5_FLOATS : 0) + (2 + 2 * t::STAGES) * 8 + 1024;
+           2 * t::STAGES * t::BR * 4 + (T5 ? 4 * FS_SM90_BWD_T5_FLOATS : 0) + (2 + 2 * t::STAGES) * 8 + 16 + 1024;
 }
 
 #ifdef FS_WGMMA
@@ -120,6 +124,7 @@ template <typename T> struct sm90_bwd_shared {
     float *sdQ, *sL, *sD;
     float *t5_bias, *t5_grad; /* T5 kernels: the head's table, its gradient's four rows and the paddings' sums */
     uint64_t *kv_full, *kv_empty, *full, *empty;
+    int *ticket; /* K::TICKET: the CTA's block, as thread 0 took it (sm90_bwd_ticket) */
 };
 
 /* The layout of instantiation K in smem_raw, from its first 1024-byte boundary (smem_align1024). */
@@ -142,6 +147,7 @@ template <class K> FS_DEV_T sm90_bwd_shared<typename K::T> sm90_bwd_carve(unsign
     sh.kv_empty = sh.kv_full + 1;
     sh.full = sh.kv_full + 2;
     sh.empty = sh.full + STAGES;
+    sh.ticket = reinterpret_cast<int *>(sh.empty + STAGES);
     return sh;
 }
 #endif
