@@ -34,18 +34,22 @@
 #include "attention/sm80/tiles.cuh"
 #include "common/cuda_ptx.cuh"
 
-/* ---- tile configuration, one place: warps, Br query rows per step, and G warps per group of 32 keys (each taking
- * 1/G of the queries for S and dP, 1/G of the head dim for dV and dK: Bc = 32 WARPS / G) ---- */
-template <int W, int R, int G_> struct fs_bwd_cfg {
+/* ---- tile configuration, one place: warps, Br query rows per step, G warps per group of 32 keys (each taking 1/G of
+ * the queries for S and dP, 1/G of the head dim for dV and dK: Bc = 32 WARPS / G), and whether dV's and dK's products
+ * take the warp's own k16 steps first (mma_part_b; at D = 128 that order measured 4% slower, its registers spilling in
+ * the loop) ---- */
+template <int W, int R, int G_, bool OWN_FIRST_> struct fs_bwd_cfg {
     enum { WARPS = W, BR = R, G = G_, BC = 32 * W / G_, THREADS = 32 * W, MT = 2 /* m16 key tiles per warp */ };
+    static constexpr bool OWN_FIRST = OWN_FIRST_;
 };
 template <int D> struct fs_bwd_tile;
-/*                                     WARPS BR  G */
-template <> struct fs_bwd_tile<32>  : fs_bwd_cfg<8, 64, 2> {};
-template <> struct fs_bwd_tile<64>  : fs_bwd_cfg<8, 64, 2> {};
-template <> struct fs_bwd_tile<96>  : fs_bwd_cfg<8, 64, 2> {};
-template <> struct fs_bwd_tile<128> : fs_bwd_cfg<8, 64, 2> {};
-template <> struct fs_bwd_tile<256> : fs_bwd_cfg<8, 64, 4> {}; /* dV + dK of 32 keys x D/2 would take 256 registers */
+/*                                     WARPS BR  G  OWN_FIRST */
+template <> struct fs_bwd_tile<32>  : fs_bwd_cfg<8, 64, 2, true> {};
+template <> struct fs_bwd_tile<64>  : fs_bwd_cfg<8, 64, 2, true> {};
+template <> struct fs_bwd_tile<96>  : fs_bwd_cfg<8, 64, 2, true> {};
+template <> struct fs_bwd_tile<128> : fs_bwd_cfg<8, 64, 2, false> {};
+/* D = 256: G = 4, as dV + dK of 32 keys x D/2 would take 256 registers */
+template <> struct fs_bwd_tile<256> : fs_bwd_cfg<8, 64, 4, true> {};
 
 /* Shared memory of the main kernel (byte offsets): K, V, P^T, dS^T, two buffers of L and D, then `stages` buffers of
  * Q and of dO, then the T5 table. */
@@ -130,24 +134,30 @@ template <typename T> FS_DEV_T void pack_a(const float (&x0)[4], const float (&x
 }
 
 /* acc[16 MT x 8N] += A[16 MT x 16 KS] B for the dV / dK shape: A = this group's P^T or dS^T (keys x queries), the
- * k16 steps of this warp's own part of the queries from its registers (mine: [mt][KS / G][4], steps part * KS / G ..),
- * the others from the swizzled tile sA (a_off: lane offsets of the group's rows); B from the swizzled rows 0.. of a
- * (queries x head dim) tile, transposed loads, one lane offset per x4 load of this warp's columns (t_off). */
-template <int MT, int KS, int G, int N, int PA, int PB, typename T>
+ * k16 steps of this warp's own part of the queries (part KS / G ..) from its registers (mine: [mt][KS / G][4]), the
+ * others' from the swizzled tile sA (a_off: lane offsets of the group's rows; OWN_FIRST: other_off, the lane offsets of
+ * the others' steps in the order taken); B from the swizzled rows 0.. of a (queries x head dim) tile, transposed loads,
+ * one lane offset per x4 load of this warp's columns (t_off). OWN_FIRST: the own steps first, so which steps load A
+ * is known at compile time and the loads may be issued ahead of the products before them; else in order. */
+template <int MT, int KS, int G, int N, int PA, int PB, bool OWN_FIRST, typename T>
 FS_DEV_T void mma_part_b(float (&acc)[MT][N][4], const uint32_t (&mine)[MT][KS / G][4], int part, uint32_t sA,
-                         const int (&a_off)[4], uint32_t sB, const int (&t_off)[N / 2])
+                         const int (&a_off)[4], const int (&other_off)[KS - KS / G], uint32_t sB,
+                         const int (&t_off)[N / 2])
 {
+    static_assert((KS & (KS - 1)) == 0, "k16 steps wrap by a mask");
 #pragma unroll
-    for (int kk = 0; kk < KS; kk++) {
+    for (int j = 0; j < KS; j++) {
+        const int kk = OWN_FIRST ? (j + part * (KS / G)) & (KS - 1) : j;
+        const bool own = OWN_FIRST ? j < KS / G : kk / (KS / G) == part;
         uint32_t af[MT][4];
-        const bool own = kk / (KS / G) == part;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             if (own) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) af[mt][e] = mine[mt][kk % (KS / G)][e];
+                for (int e = 0; e < 4; e++) af[mt][e] = mine[mt][OWN_FIRST ? j : kk % (KS / G)][e];
             } else {
-                ldmatrix_x4(sA + 2 * (a_off[kk & 3] + 64 * (kk >> 2) + mt * 16 * PA), af[mt]);
+                const int off = OWN_FIRST ? other_off[j - KS / G] : a_off[kk & 3] + 64 * (kk >> 2);
+                ldmatrix_x4(sA + 2 * (off + mt * 16 * PA), af[mt]);
             }
         }
 #pragma unroll
@@ -288,10 +298,14 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
     const uint32_t sK_a = smem_addr(sK), sV_a = smem_addr(sV), sPT_a = smem_addr(sPT), sdS_a = smem_addr(sdS);
     const int qg = warp % QG, dpart = warp / QG; /* this warp's share of dQ_i */
     const int l7 = lane & 7, mi = lane >> 3;
-    int a_off[4], b_off[4], pa_off[4], t_off[NOH / 2], k_off[NDQ / 2];
+    constexpr int KQ = BR / 16, KOWN = KQ / G; /* k16 steps over a tile's queries, of them this warp's own */
+    int a_off[4], b_off[4], pa_off[4], po_off[KQ - KOWN], t_off[NOH / 2], k_off[NDQ / 2];
     lane_offsets<P>(a_off, group * 32 + (lane & 15), lane >> 4);          /* K_j, V_j rows of the group (A) */
     lane_offsets<P>(b_off, part * (BR / G) + l7 + (mi >> 1) * 8, mi & 1); /* this warp's part of Q_i, dO_i as B^T */
     lane_offsets<PS>(pa_off, group * 32 + (lane & 15), lane >> 4);        /* P^T, dS^T rows of the group (A) */
+#pragma unroll
+    for (int j = 0; j < KQ - KOWN; j++) /* ... the others' k16 steps in OWN_FIRST order (mma_part_b) */
+        po_off[j] = chunk_off<PS>(group * 32 + (lane & 15), 2 * ((part * KOWN + KOWN + j) % KQ) + (lane >> 4));
 #pragma unroll
     for (int np = 0; np < NOH / 2; np++) /* Q_i, dO_i as B (transposed loads): this warp's part of the head dim */
         t_off[np] = chunk_off<P>(l7 + (mi & 1) * 8, part * NOH + 2 * np + (mi >> 1));
@@ -375,27 +389,38 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
         __syncthreads(); /* P^T and dS^T complete */
 
         /* dV_j += P^T dO_i and dK_j += dS^T Q_i: the group's keys x this warp's part of the head dim, all Br queries */
-        mma_part_b<MT, BR / 16, G, NOH, PS, P, T>(acc_dv, pa, part, sPT_a, pa_off, sdO_a, t_off);
-        mma_part_b<MT, BR / 16, G, NOH, PS, P, T>(acc_dk, da, part, sdS_a, pa_off, sQ_a, t_off);
+        mma_part_b<MT, KQ, G, NOH, PS, P, tile::OWN_FIRST, T>(acc_dv, pa, part, sPT_a, pa_off, po_off, sdO_a, t_off);
+        mma_part_b<MT, KQ, G, NOH, PS, P, tile::OWN_FIRST, T>(acc_dk, da, part, sdS_a, pa_off, po_off, sQ_a, t_off);
 
         /* dQ_i += dS K_j: this warp's 16 query rows x NDQ n8 tiles, A = dS from dS^T (transposed loads); deterministic
          * runs leave dQ to its own kernel (backward_dq.cuh) */
         if (!a.dq_kernel) {
-            float dq[NDQ][4];
+            /* two sets of accumulators, even and odd k16 steps, so that twice the products are independent (up to
+             * D = 128: at 256 the second set does not fit beside dV and dK) */
+            constexpr bool SPLIT = NDQ <= 8;
+            float dq[NDQ][4], dq2[NDQ][4];
 #pragma unroll
-            for (int n = 0; n < NDQ; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+            for (int n = 0; n < NDQ; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) dq[n][e] = dq2[n][e] = 0.f;
 #pragma unroll
             for (int kk = 0; kk < BC / 16; kk++) {
+                float (&acc)[NDQ][4] = SPLIT && kk & 1 ? dq2 : dq;
                 uint32_t af[4];
                 ldmatrix_x4_trans(sdS_a + 2 * (ds_off + kk * 16 * PS), af);
 #pragma unroll
                 for (int np = 0; np < NDQ / 2; np++) {
                     uint32_t bf[4];
                     ldmatrix_x4_trans(sK_a + 2 * (k_off[np] + kk * 16 * P), bf);
-                    mma16816<T>(dq[2 * np], af, bf[0], bf[1]);
-                    mma16816<T>(dq[2 * np + 1], af, bf[2], bf[3]);
+                    mma16816<T>(acc[2 * np], af, bf[0], bf[1]);
+                    mma16816<T>(acc[2 * np + 1], af, bf[2], bf[3]);
                 }
             }
+            if (SPLIT)
+#pragma unroll
+                for (int n = 0; n < NDQ; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) dq[n][e] += dq2[n][e];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int i = q0 + qg * 16 + gr + 8 * r;

@@ -8,6 +8,7 @@
     python -m flashsci.bench --sets linear        # fused linear / SwiGLU vs torch GEMMs
     python -m flashsci.bench --sets linear_train  # their forward + backward vs torch autograd
     python -m flashsci.bench --sets backward      # attention backward vs SDPA's FlashAttention-2 and cuDNN backward
+    python -m flashsci.bench --sets backward_portable   # the same with flashsci's portable (sm80) kernels forced
     python -m flashsci.bench --e2e                # HF ESM2 / ProtT5 stock vs patched, proteins/s
     python -m flashsci.bench --train              # masked-LM fine-tuning steps (ESM2, ProtT5, ESM-C, LoRA), stock vs patched
     python -m flashsci.bench --lm-grid            # the profiling study's LM grid: naive / SDPA / flashsci attention
@@ -25,7 +26,7 @@ import sys
 import flashsci
 from flashsci.bench import attention, cpu
 
-GPU_SETS = attention.SETS + ("features", "gqa", "linear", "linear_train", "backward")
+GPU_SETS = attention.SETS + ("features", "gqa", "linear", "linear_train", "backward", "backward_portable")
 GPU_DTYPES = ("float16", "bfloat16")
 
 
@@ -142,6 +143,9 @@ def main(argv=None):
     if "backward" in sets:
         from flashsci.bench.backward import run_backward
         rows += run_backward(dtype[0], args.out, args.fasta)
+    if "backward_portable" in sets:
+        from flashsci.bench.backward import run_backward
+        rows += run_backward(dtype[0], args.out, args.fasta, portable=True)
     if "features" in sets:
         from flashsci.bench.features import run_features
         rows += run_features(dtype[0], args.out, args.fasta)

@@ -10,6 +10,9 @@
 - varlen: ESM2-3B heads on 16k-token batches of real UniProt lengths (random order): attention_varlen_backward on the
   packed batch against SDPA's backward on the same batch padded, with the key padding mask, and (torch 2.10+) against
   the backward of torch's varlen_attn on the packed batch (FlashAttention-2's varlen kernels), each in its own pair.
+- backward_portable (python -m flashsci.bench --sets backward_portable): sweep, protein shapes and varlen as above with
+  flashsci's portable (sm80, mma.sync) kernels forced, forward and backward, as on GPUs the Hopper kernels do not
+  cover.
 TF/s count 2.5x the forward's FLOPs (FlashAttention's convention: 4 B H Sq Sk D forward, half for causal). Kernel times
 by CUDA events around back-to-back calls over input sets larger than L2 (torch's autograd backward cannot be captured
 in a graph on its own), medians, flashsci in a pair of turns with each torch variant.
@@ -243,11 +246,34 @@ def bench_varlen(torch, dtype, lengths, n_batches=4):
     return rows
 
 
-def run_backward(dtype_name, out_dir, fasta=None):
+def run_backward(dtype_name, out_dir, fasta=None, portable=False):
+    """The sets above (portable: flashsci's portable kernels forced for every call, no T5 rows), written as
+    backward[_portable]_<gpu>_<dtype>.json/.md/.png under out_dir."""
     import torch
     dtype = getattr(torch, dtype_name)
     props = torch.cuda.get_device_properties(0)
-    print(f"GPU: {props.name}; torch {torch.__version__}; dtype {dtype_name}", flush=True)
+    print(f"GPU: {props.name}; torch {torch.__version__}; dtype {dtype_name}{'; portable kernels forced' * portable}",
+          flush=True)
+    flashsci._flashsci._set_attention_kernel("sm80" if portable else "auto")
+    try:
+        rows, path = _run_backward_sets(torch, dtype, fasta, portable)
+    finally:
+        flashsci._flashsci._set_attention_kernel("auto")
+    meta = {"gpu": props.name, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "dtype": dtype_name,
+            "fasta": path, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "portable": portable}
+    if out_dir:
+        stem = f"backward{'_portable' * portable}_{slug(props.name)}_{dtype_name}"
+        write_results(out_dir, stem, meta, rows, _markdown(rows, meta))
+        dense = [r for r in rows if r["set"] not in ("varlen", "t5")]
+        write_plot(out_dir, stem, f"attention backward{' (portable kernels)' * portable} on {props.name}, {dtype_name}",
+                   [f"{r['B']}x{r['H']}x{r['S']}x{r['D']}{' c' if r['causal'] else ''}" for r in dense],
+                   {"vs FA2 (SDPA flash)": [r["speedup vs flash"] for r in dense],
+                    "vs cuDNN": [r["speedup vs cudnn"] for r in dense]}, "torch time / flashsci time")
+    return rows
+
+
+def _run_backward_sets(torch, dtype, fasta, portable):
+    """The rows of every set and the FASTA file's path."""
     rows = []
 
     def add(row):
@@ -257,21 +283,11 @@ def run_backward(dtype_name, out_dir, fasta=None):
     for (label, shape), causal in itertools.chain(((("sweep", c), cz) for c in SWEEP for cz in (False, True)),
                                                   ((p, False) for p in PROTEIN)):
         add(bench_dense(torch, dtype, causal, label, *shape))
-    for row in bench_t5(torch, dtype):
-        add(row)
+    if not portable:    # the T5 rows time the portable kernel themselves
+        for row in bench_t5(torch, dtype):
+            add(row)
     path, lengths = read_lengths(fasta)
-    rows += bench_varlen(torch, dtype, lengths)
-    meta = {"gpu": props.name, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "dtype": dtype_name,
-            "fasta": path, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    if out_dir:
-        stem = f"backward_{slug(props.name)}_{dtype_name}"
-        write_results(out_dir, stem, meta, rows, _markdown(rows, meta))
-        dense = [r for r in rows if r["set"] not in ("varlen", "t5")]
-        write_plot(out_dir, stem, f"attention backward on {props.name}, {dtype_name}",
-                   [f"{r['B']}x{r['H']}x{r['S']}x{r['D']}{' c' if r['causal'] else ''}" for r in dense],
-                   {"vs FA2 (SDPA flash)": [r["speedup vs flash"] for r in dense],
-                    "vs cuDNN": [r["speedup vs cudnn"] for r in dense]}, "torch time / flashsci time")
-    return rows
+    return rows + bench_varlen(torch, dtype, lengths), path
 
 
 def _f(x, spec=".1f"):
@@ -279,7 +295,10 @@ def _f(x, spec=".1f"):
 
 
 def _markdown(rows, meta):
-    out = [f"# flashsci attention backward vs torch — {meta['gpu']}", "",
+    portable = meta.get("portable")
+    out = [f"# flashsci attention backward{' (portable kernels)' * portable} vs torch — {meta['gpu']}", "",
+           *(["flashsci's portable (sm80, mma.sync) kernels forced for every call, forward and backward, as on GPUs "
+              "the Hopper kernels do not cover.", ""] if portable else []),
            f"torch {meta['torch']}, cuDNN {meta['cudnn']}, {meta['dtype']}, {meta['date']}. Backward alone (µs, CUDA "
            "events, median); TF/s with 2.5x the forward FLOPs. flashsci is timed in a pair with each torch backend; "
            "speedup = torch time / flashsci time within the pair.", "",
