@@ -28,6 +28,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "attention/launchers.h"
 #include "attention/rotary/rotary.cuh"
 #include "attention/sequence.cuh"
@@ -348,26 +350,34 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
         mma_abt<MT, KD, NH, P, P, T>(dp, sV_a, a_off, sdO_a, b_off);
 
         /* P^T = exp2(S^T c [+ bias + T5] - L log2 e), masked: causal (query < key), padded keys;
-         * dS^T = P^T o (dP^T - D_i). Both packed to T: the own half of the next products' A fragments. */
+         * dS^T = P^T o (dP^T - D_i). Both packed to T: the own half of the next products' A fragments. The bias and
+         * T5 terms on a loop of their own (additive): per element they test their pointers and load the bias by its
+         * dtype, code that had made the feature kernel's step, run without them (packed sequences, masks), about
+         * 2,000 instructions long */
         const bool diag = p.causal && qh < k0 + group * 32 + 31;
+        auto probabilities = [&](auto additive) {
+#pragma unroll
+            for (int n = 0; n < NH; n++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int col = n * 8 + 2 * t4 + c, query = qh + col;
+                    const float lse = L[col], lse2 = lse == -INFINITY ? INFINITY : lse * FS_LOG2E, di = Dl[col];
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int r = 0; r < 2; r++) {
+                            const int key = key0 + 16 * mt + 8 * r;
+                            const bool masked = (diag && query < key) || !kept[mt][r];
+                            const float pv = bwd_prob<decltype(additive)::value>(a, seq, s_t5, b, h, query, key,
+                                                                                 s[mt][n][2 * r + c], lse2, masked);
+                            s[mt][n][2 * r + c] = pv;
+                            dp[mt][n][2 * r + c] = pv * (dp[mt][n][2 * r + c] - di);
+                        }
+                }
+        };
+        if (FEAT && (p.t5_table || p.bias)) probabilities(std::integral_constant<bool, FEAT>{});
+        else probabilities(std::false_type{});
         uint32_t pa[MT][NH / 2][4], da[MT][NH / 2][4];
-#pragma unroll
-        for (int n = 0; n < NH; n++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int col = n * 8 + 2 * t4 + c, query = qh + col;
-                const float lse = L[col], lse2 = lse == -INFINITY ? INFINITY : lse * FS_LOG2E, di = Dl[col];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int r = 0; r < 2; r++) {
-                        const int key = key0 + 16 * mt + 8 * r;
-                        const bool masked = (diag && query < key) || !kept[mt][r];
-                        const float pv = bwd_prob<FEAT>(a, seq, s_t5, b, h, query, key, s[mt][n][2 * r + c], lse2, masked);
-                        s[mt][n][2 * r + c] = pv;
-                        dp[mt][n][2 * r + c] = pv * (dp[mt][n][2 * r + c] - di);
-                    }
-            }
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
