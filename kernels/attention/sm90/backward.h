@@ -35,8 +35,10 @@ int fs_sm90_bwd_t5_row(const fs_attn_params *p);
 size_t fs_sm90_bwd_t5_part_floats(const fs_attn_params *p);
 /* g->dtable from the kernel's sums by position in part (backward_t5_sum.cu). */
 cudaError_t fs_sm90_backward_t5_sum(const fs_attn_bwd_params *g, const float *part, int device, cudaStream_t stream);
-/* The counters a deterministic run of g takes (w->dq_order). */
+/* The counters a deterministic run of g takes (w->dq_order): two per (batch, head, 64 queries), then (at
+ * fs_sm90_order_ticket) the one the CTAs take their blocks from. */
 size_t fs_sm90_order_ints(const fs_attn_params *p);
+size_t fs_sm90_order_ticket(const fs_attn_params *p);
 /* dk, dv, and dQ added into w->dq_acc, for fp16 or bf16. */
 cudaError_t fs_sm90_backward_fp16(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream);
 cudaError_t fs_sm90_backward_bf16(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream);

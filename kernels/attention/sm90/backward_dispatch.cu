@@ -5,9 +5,14 @@
 #include "attention/sm90/tensor_map.h"
 #include "attention/sm90/variants.h"
 
+size_t fs_sm90_order_ticket(const fs_attn_params *p)
+{
+    return (size_t)p->B * p->H * ((p->Sq + 63) / 64) * 2;
+}
+
 size_t fs_sm90_order_ints(const fs_attn_params *p)
 {
-    return (size_t)p->B * p->H * ((p->Sq + 63) / 64) * 2 + 4;
+    return fs_sm90_order_ticket(p) + 4;
 }
 
 int fs_sm90_bwd_t5_row(const fs_attn_params *p)

@@ -25,6 +25,7 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     a.dq_acc = w->dq_acc;
     a.delta = w->delta;
     a.dq_order = w->dq_order;
+    a.ticket = w->dq_order ? w->dq_order + fs_sm90_order_ticket(p) : NULL;
     a.order_tiles = (p->Sq + 63) / 64;
     a.rotary = w->rotary;
     a.rotary_base = w->rotary_base;

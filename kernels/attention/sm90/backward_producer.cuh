@@ -72,8 +72,7 @@ template <class K> FS_DEV_T sm90_bwd_block sm90_bwd_block_of(const fs_sm90_bwd_a
 template <class K>
 FS_DEV_T int sm90_bwd_ticket(const fs_sm90_bwd_args &a, const sm90_bwd_shared<typename K::T> &sh)
 {
-    const fs_attn_params &p = a.g.p;
-    if (threadIdx.x == 0) *sh.ticket = atomicAdd(a.dq_order + 2 * (int64_t)p.B * p.H * a.order_tiles, 1);
+    if (threadIdx.x == 0) *sh.ticket = atomicAdd(a.ticket, 1);
     __syncthreads();
     return *sh.ticket;
 }

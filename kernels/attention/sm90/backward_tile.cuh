@@ -91,8 +91,7 @@ typedef struct {
     float rotary_base;
     int dkv_tma;         /* dV, dK stored by TMA through the kernel's dk / dv tensor maps (sm90_bwd_epilogue) */
     int *dq_order;       /* deterministic runs: per (batch, query head, query tile of Br, consumer warpgroup) the key
-                          * blocks whose dQ share has been added, ((b H + h) order_tiles + tile) 2 + cw, and after
-                          * them the CTAs' block counter (sm90_bwd_ticket); zeroed */
+                          * blocks whose dQ share has been added, ((b H + h) order_tiles + tile) 2 + cw; zeroed */
     int order_tiles;     /* tiles of 64 queries per head (>= the tiles of Br) */
     /* T5 kernels: each head's table in log2 units as shared memory holds it (t5_row floats a head, sm90_t5_expand) of
      * relative positions -t5_lneg .. t5_n - 1 - t5_lneg; t5_part (NULL: no gradient) receives each block's gradient
@@ -103,6 +102,8 @@ typedef struct {
     float *delta_out;    /* the delta pass: rowsum(P o dP) added here, rows as delta's (zeroed) */
     int resident;        /* ordered non-causal runs: the CTAs resident at once (one per SM), the most key blocks of a
                           * sequence that rotate (sm90_bwd_rotated) */
+    int *ticket;         /* deterministic runs: the CTAs' block counter (sm90_bwd_ticket), after dq_order's counters
+                          * (fs_sm90_order_ticket); zeroed */
 } fs_sm90_bwd_args;
 
 /* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two
