@@ -7,7 +7,8 @@
  * queries, bucket) for the T5 gradient (on Hopper 4 bytes per (batch, head, 128 keys, relative position: up to
  * 2 max_distance + 1 of them) if that is more) and on Hopper each head's T5 table (up to 4 (2 max_distance + 385)
  * bytes), plus (padded head dims) q, k, v, dO, dk and dv at Dp, plus (deterministic runs on Hopper) 8 bytes per
- * (batch, head, 64 queries) for the counters that order dQ's adds, and 16 for the one the CTAs take blocks from. */
+ * (batch, head, 64 queries) for the counters that order dQ's adds, and 16 for the one the CTAs take blocks from, plus
+ * (Hopper runs whose kernel converts dQ itself) 4 bytes per (batch, head, 64 queries) for its tile counters. */
 #include "attention/head_copy.h"
 #include "attention/launchers.h"
 #include "attention/sm80/backward.h"
@@ -27,10 +28,11 @@ static cudaError_t run_kernels(const fs_attn_bwd_params *g, fs_bwd_work *w, int 
 {
     if (w->sm90 && fs_sm90_backward_covers(g, w->rotary, w->rotary_dim)) {
         const fs_sm90_bwd_work w90 = {w->dq_acc, w->delta, g->deterministic ? w->dq_order : NULL, w->rotary,
-                                      w->rotary_base, w->t5_rows, g->dtable ? w->t5_part : NULL};
+                                      w->rotary_base, w->t5_rows, g->dtable ? w->t5_part : NULL, w->dq_done};
         w->t5_hopper = 1;
         cudaError_t err = cudaSuccess;
         if (w90.dq_order) err = cudaMemsetAsync(w90.dq_order, 0, 4 * fs_sm90_order_ints(&g->p), stream);
+        if (w90.dq_done && err == cudaSuccess) err = cudaMemsetAsync(w90.dq_done, 0, 4 * fs_sm90_dq_done_ints(&g->p), stream);
         if (err != cudaSuccess) return err;
         return g->p.dtype == FS_BF16 ? fs_sm90_backward_bf16(g, &w90, device, stream) : fs_sm90_backward_fp16(g, &w90, device, stream);
     }
@@ -161,7 +163,10 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     const size_t t5_floats = g->dtable ? (sm90 && t5_k > t5_q ? t5_k : t5_q) : 0;
     const size_t off_t5_rows = align256(off_t5 + 4 * t5_floats);
     const size_t off_order = align256(off_t5_rows + (sm90 && p->t5_table ? 4 * (size_t)p->H * fs_sm90_bwd_t5_row(p) : 0));
-    const size_t bytes = off_order + (sm90 && g->deterministic ? 4 * fs_sm90_order_ints(p) : 0);
+    /* the Hopper kernel converts dQ itself (no post-pass) where it runs g at its own head dim and can */
+    const int convert = hopper && native && fs_sm90_backward_converts(g, p->rotary);
+    const size_t off_done = align256(off_order + (sm90 && g->deterministic ? 4 * fs_sm90_order_ints(p) : 0));
+    const size_t bytes = off_done + (convert ? 4 * fs_sm90_dq_done_ints(p) : 0);
     char *ws = NULL;
     cudaError_t err = fs_workspace_get(device, stream, bytes, (void **)&ws);
     if (err != cudaSuccess) return err;
@@ -171,12 +176,13 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     w.t5_rows = (float *)(ws + off_t5_rows);
     w.t5_hopper = 0;
     w.dq_order = sm90 && g->deterministic ? (int *)(ws + off_order) : NULL;
+    w.dq_done = convert ? (int *)(ws + off_done) : NULL;
     if (native) {
         fs_attn_bwd_params kg = *g; /* the kernels' view: q and k rotated, rotary off */
         if (p->rotary) err = fs_rotary_qk(p, device, stream, ws + off_rot, &kg.p);
         if (err == cudaSuccess) err = fs_sm80_backward_pre(g, &w, p->D, device, stream);
         if (err == cudaSuccess) err = run_kernels(&kg, &w, device, stream);
-        if (err == cudaSuccess) err = fs_sm80_backward_post(g, &w, device, stream);
+        if (err == cudaSuccess && !convert) err = fs_sm80_backward_post(g, &w, device, stream);
     } else {
         err = backward_padded(g, &w, Dp, device, stream);
     }

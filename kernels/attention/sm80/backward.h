@@ -22,6 +22,7 @@ typedef struct {
     float rotary_base;
     int sm90;          /* the Hopper main kernel may run (an sm_90 device, not forced to the portable one) */
     int *dq_order;     /* deterministic runs on the Hopper kernel: its dQ counters (fs_sm90_order_ints), or NULL */
+    int *dq_done;      /* runs whose Hopper kernel converts dQ itself: its tile counters (fs_sm90_dq_done_ints), or NULL */
 } fs_bwd_work;
 
 /* Delta = rowsum(dO o O) (zeros where a delta pass follows: g->dbias, g->dtable) and dQ's accumulator (rows of acc_d

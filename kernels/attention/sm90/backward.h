@@ -19,6 +19,8 @@ typedef struct {
     float rotary_base;
     float *t5_rows;     /* the T5 bias: H fs_sm90_bwd_t5_row(p) floats, the tables as the kernel's blocks load them */
     float *t5_part;     /* the T5 gradient's sums by relative position per (b, h, key block), or NULL */
+    int *dq_done;       /* where the kernel converts dQ into g->dq itself (fs_sm90_backward_converts):
+                         * fs_sm90_dq_done_ints(g) zeroed ints; else NULL (the post-pass converts) */
 } fs_sm90_bwd_work;
 
 /* Whether the Hopper backward takes g (the kernels' view: q and k as read, rotary off; rotary: the forward rotated them
@@ -39,6 +41,11 @@ cudaError_t fs_sm90_backward_t5_sum(const fs_attn_bwd_params *g, const float *pa
  * fs_sm90_order_ticket) the one the CTAs take their blocks from. */
 size_t fs_sm90_order_ints(const fs_attn_params *p);
 size_t fs_sm90_order_ticket(const fs_attn_params *p);
+/* Whether the kernel (which covers g) converts dQ into g->dq itself, so that no post-pass follows: its persistent
+ * instantiation (D = 64, non-causal, padded batches without seqlens, not deterministic, no T5 bias) where there is no
+ * rotation to turn back (rotary: the forward rotated q); and the tile counters it then takes (w->dq_done). */
+int fs_sm90_backward_converts(const fs_attn_bwd_params *g, int rotary);
+size_t fs_sm90_dq_done_ints(const fs_attn_params *p);
 /* dk, dv, and dQ added into w->dq_acc, for fp16 or bf16. */
 cudaError_t fs_sm90_backward_fp16(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream);
 cudaError_t fs_sm90_backward_bf16(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream);

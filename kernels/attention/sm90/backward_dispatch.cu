@@ -15,6 +15,17 @@ size_t fs_sm90_order_ints(const fs_attn_params *p)
     return fs_sm90_order_ticket(p) + 4;
 }
 
+int fs_sm90_backward_converts(const fs_attn_bwd_params *g, int rotary)
+{
+    const fs_attn_params *p = &g->p;
+    return p->D == 64 && !p->causal && !p->cu_seqlens_q && !p->seqlens && !g->deterministic && !p->t5_table && !rotary;
+}
+
+size_t fs_sm90_dq_done_ints(const fs_attn_params *p)
+{
+    return (size_t)p->B * p->H * ((p->Sq + 63) / 64);
+}
+
 int fs_sm90_bwd_t5_row(const fs_attn_params *p)
 {
     int lneg, n;

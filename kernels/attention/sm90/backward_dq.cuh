@@ -2,7 +2,9 @@
  * sm90_bwd_dq_out: where the tile stages dQ (K::STAGED) each warpgroup writes its share into shared memory for the
  * writer warp (warp 1 of the producer warpgroup), which adds it by TMA reductions, so no consumer register waits on L2;
  * else float4 atomics from the consumers' registers. Deterministic runs (K::ORDERED, always staged) have one ordered
- * writer per warpgroup (warps 1 and 2), which adds a share after the key blocks before its own have added theirs. */
+ * writer per warpgroup (warps 1 and 2), which adds a share after the key blocks before its own have added theirs. The
+ * persistent kernel (K::CONVERT) also takes dQ out of the accumulator: warp 2 counts each tile's completed adds, warp 3
+ * converts the tiles its blocks own once their counts are full. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_DQ_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_DQ_CUH
 
@@ -12,6 +14,9 @@
 #include "common/tma.cuh"
 
 #ifdef FS_WGMMA
+/* Where the kernel converts dQ (K::CONVERT): the steps the writer's count of completed steps trails its last issued */
+#define SM90_BWD_DQ_LAG 2
+
 /* dQ share c (0-3) of consumer warpgroup cw in the staging: boxes of 16 columns x 64 rows (4 KiB), the warpgroup's
  * four after each other; its origin in the tile: D = 64 rows 64 cw, columns 16 c; D = 128 rows 0, columns 64 cw + 16 c. */
 template <int D> FS_DEV_T int bwd_dq_box_row(int cw) { return D == 64 ? 64 * cw : 0; }
@@ -32,13 +37,25 @@ FS_DEV_T void bwd_dq_add_share(const sm90_bwd_shared<typename K::T> &sh, const C
     bulk_wait_read();
 }
 
+/* The writer's reductions complete but for the last PENDING bulk groups (its lane 0), and the steps they close counted
+ * in shared memory for the counter warp (K::CONVERT), which publishes them (sm90_bwd_dq_counter). */
+template <int PENDING> FS_DEV_T void bwd_dq_completed(const int *steps_done, int steps)
+{
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(PENDING) : "memory");
+    asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the reductions, for the generic proxy */
+    asm volatile("fence.acq_rel.cta;\n" ::: "memory");        /* ... before the count the converter reads */
+    asm volatile("st.relaxed.cta.shared.b32 [%0], %1;\n" ::"r"(smem_addr(steps_done)), "r"(steps) : "memory");
+}
+
 /* The dQ writer (K::STAGED) for block blk: per step and consumer warpgroup, once its share is staged, lane 0 adds the
  * share's boxes into the accumulator (rows at fs_bwd_row; a tile's rows past its head or sequence add zeros, rows past
  * the accumulator and columns past D are dropped) and frees the staging once the reductions have read it (but for the
- * block's last step of a single block; persistent CTAs' consumers take the last free after their last block). */
+ * block's last step of a single block; persistent CTAs' consumers take the last free after their last block). Where
+ * the kernel converts dQ (a.dq_done), after each step's adds are issued the step before's have completed: counted in
+ * sh.steps_done (steps: the CTA's steps so far). */
 template <class K>
 FS_DEV_T void sm90_bwd_dq_writer_block(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq,
-                                       const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int lane)
+                                       const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int lane, int &steps)
 {
     /* the consumers' steps (sm90_bwd_head, sm90_bwd_q0; not ORDERED) as two loops over rows that fit
      * an int (the launch checks the accumulator's), in the registers of the producer warpgroup */
@@ -46,7 +63,7 @@ FS_DEV_T void sm90_bwd_dq_writer_block(const sm90_bwd_shared<typename K::T> &sh,
     const int head_rows = p.cu_seqlens_q ? p.total_q : p.Sq, last = blk.n_iter - 1;
     int row = (int)fs_bwd_row(p, blk.b, blk.hkv * p.kv_group, blk.seq.qo, blk.q_tile0 * K::BR);
     for (int g = 0, it = 0; g < p.kv_group; g++, row += head_rows - blk.n_q * K::BR)
-        for (int i = 0; i < blk.n_q; i++, it++, row += K::BR)
+        for (int i = 0; i < blk.n_q; i++, it++, row += K::BR) {
 #pragma unroll
             for (int cw = 0; cw < 2; cw++) {
                 bwd_dq_staged_wait(cw);
@@ -54,6 +71,12 @@ FS_DEV_T void sm90_bwd_dq_writer_block(const sm90_bwd_shared<typename K::T> &sh,
                 __syncwarp();
                 if (K::PERSIST || it < last) bwd_dq_free(cw);
             }
+            /* the last SM90_BWD_DQ_LAG steps' bulk groups (two a step, one a share) may still be pending, whose
+             * completion a wait would put on the consumers' path; those before have completed */
+            if (K::CONVERT && a.dq_done && lane == 0 && steps >= SM90_BWD_DQ_LAG)
+                bwd_dq_completed<2 * SM90_BWD_DQ_LAG>(sh.steps_done, steps + 1 - SM90_BWD_DQ_LAG);
+            steps++;
+        }
 }
 
 /* The dQ writer's whole work: the CTA's blocks in turn. */
@@ -61,12 +84,131 @@ template <class K>
 FS_DEV_T void sm90_bwd_dq_writer(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq, const fs_sm90_bwd_args &a,
                                  const sm90_bwd_block &first, int lane)
 {
+    int steps = 0;
     if constexpr (K::PERSIST) {
-        SM90_BWD_FOR_EACH_BLOCK(blk, n) sm90_bwd_dq_writer_block<K>(sh, map_dq, a, blk, lane);
+        SM90_BWD_FOR_EACH_BLOCK(blk, n) sm90_bwd_dq_writer_block<K>(sh, map_dq, a, blk, lane, steps);
     } else {
-        sm90_bwd_dq_writer_block<K>(sh, map_dq, a, first, lane);
+        sm90_bwd_dq_writer_block<K>(sh, map_dq, a, first, lane, steps);
     }
-    if (lane == 0) bulk_wait();
+    if (lane == 0) {
+        if (K::CONVERT && a.dq_done) bwd_dq_completed<0>(sh.steps_done, steps);
+        else bulk_wait();
+    }
+}
+
+/* Query tile q0 of head h in batch b converted (K::CONVERT: padded batches without seqlens): each consumer warpgroup's
+ * share of the accumulator by TMA into the conversion buffer (phase: its mbarrier's), then by the converter warp's
+ * lanes,
+ *   dq = scale * accumulator,
+ * in dq's dtype and strides, rows up to Sq. Lane l takes rows 8 k + l / 4 of the share and, of each box of 16
+ * columns, the 16-byte chunk c = l % 4 (8 rows of 64 bytes a load: no bank conflict), which holds columns 2c, 2c + 1,
+ * 8 + 2c, 9 + 2c (fs_dq_slot). About 3.5 us a tile. */
+template <class K>
+FS_DEV_T void bwd_dq_convert(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq, const fs_sm90_bwd_args &a,
+                             int b, int h, int q0, int lane, int &phase)
+{
+    using T = typename K::T;
+    const fs_attn_bwd_params &g = a.g;
+#pragma unroll 1
+    for (int cw = 0; cw < 2; cw++) {
+        const int q1 = q0 + bwd_dq_box_row<K::D>(cw);
+        if (lane == 0) {
+            asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the adds counted, for the TMA */
+            mbar_expect_tx(sh.conv_full, 4 * 64 * 16 * 4);
+            const int row = (b * g.p.H + h) * g.p.Sq + q1; /* fs_bwd_row; the accumulator's rows fit an int */
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                tma_load_2d(sh.sConv + c * 64 * 16, &map_dq, bwd_dq_box_col<K::D>(cw, c), row, sh.conv_full);
+        }
+        mbar_wait(sh.conv_full, phase);
+        phase ^= 1;
+        int q = q1 + (lane >> 2);
+        T *dst = static_cast<T *>(g.dq) + b * g.dq_sb + h * g.dq_sh + q * g.dq_ss + bwd_dq_box_col<K::D>(cw, 0) + 2 * (lane & 3);
+        uint32_t src = smem_addr(sh.sConv) + (lane >> 2) * 64 + (lane & 3) * 16;
+#pragma unroll 1
+        for (int k = 0; k < 8 && q < g.p.Sq; k++, q += 8, dst += 8 * g.dq_ss, src += 8 * 64) {
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                float x, y, z, w;
+                asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=f"(x), "=f"(y), "=f"(z), "=f"(w) : "r"(src + c * 64 * 64));
+                *reinterpret_cast<uint32_t *>(dst + 16 * c) = pack2<T>(x * a.scale, y * a.scale);
+                *reinterpret_cast<uint32_t *>(dst + 16 * c + 8) = pack2<T>(z * a.scale, w * a.scale);
+            }
+        }
+        __syncwarp(); /* the buffer read before the next share's TMA writes it */
+    }
+}
+
+/* Batch, query head and tile of the persistent CTA's s-th step (K::CONVERT: its blocks, non-causal on a padded batch
+ * without seqlens, have n_iter steps each). */
+template <class K>
+FS_DEV_T void bwd_dq_step_tile(const fs_sm90_bwd_args &a, int s, int n_iter, int &b, int &h, int &t)
+{
+    const sm90_bwd_block blk = sm90_bwd_block_of<K>(a, (int)blockIdx.x + s / n_iter * (int)gridDim.x);
+    const int it = s % n_iter;
+    b = blk.b;
+    h = sm90_bwd_head(a.g.p, blk, it);
+    t = blk.q_tile0 + it % blk.n_q;
+}
+
+/* The dQ tile counter (K::CONVERT, launches with a.dq_done: warp 2 of the producer warpgroup). Each time the writer
+ * has seen more of the CTA's steps complete (sh.steps_done), the lanes count those steps' tiles in a.dq_done, a step a
+ * lane: one fence, then relaxed adds that need no answer. */
+template <class K>
+FS_DEV_T void sm90_bwd_dq_counter(const sm90_bwd_shared<typename K::T> &sh, const fs_sm90_bwd_args &a)
+{
+    const int lane = threadIdx.x & 31, n_iter = sm90_bwd_block_of<K>(a, (int)blockIdx.x).n_iter;
+    const int total = ((int)a.blocks - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * n_iter;
+    for (int cur = 0, seen; cur < total; cur = seen) {
+        for (;;) {
+            asm volatile("ld.relaxed.cta.shared.b32 %0, [%1];\n" : "=r"(seen) : "r"(smem_addr(sh.steps_done)) : "memory");
+            if (seen > cur) break;
+            __nanosleep(64);
+        }
+        /* the writer's count read; its completed reductions published with these counts */
+        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+        for (int s = cur + lane; s < seen; s += 32) {
+            int b, h, t;
+            bwd_dq_step_tile<K>(a, s, n_iter, b, h, t);
+            asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n"
+                         ::"l"(a.dq_done + ((int64_t)b * a.g.p.H + h) * a.order_tiles + t) : "memory");
+        }
+    }
+}
+
+/* The dQ converter (K::CONVERT, launches with a.dq_done: warp 3 of the producer warpgroup). Key block kt of a head
+ * converts its tiles kt, kt + n_k, ... (bwd_dq_convert) once their counts show every key block's adds complete, the
+ * blocks in the CTA's order, while the consumers go on. Tiles are owned, not converted by the block whose count comes
+ * last: in a head's blocks, which run side by side, one block tends to stay the last for every tile, and its converter
+ * fell behind with them (a queue between counter and converter filled, the counts waited, the block was last again).
+ * So dQ needs no pass over the accumulator after the kernel, and the conversion overlaps the consumers' products. */
+template <class K>
+FS_DEV_T void sm90_bwd_dq_converter(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq,
+                                    const fs_sm90_bwd_args &a)
+{
+    const fs_attn_params &p = a.g.p;
+    const int lane = threadIdx.x & 31;
+    int phase = 0;
+    for (int x = (int)blockIdx.x; x < a.blocks; x += (int)gridDim.x) {
+        const sm90_bwd_block blk = sm90_bwd_block_of<K>(a, x);
+        for (int g = 0; g < p.kv_group; g++) {
+            const int h = blk.hkv * p.kv_group + g;
+            for (int t = blk.k0 / K::BC; t < blk.n_q; t += a.n_kblocks) {
+                if (lane == 0) {
+                    const int *count = a.dq_done + ((int64_t)blk.b * p.H + h) * a.order_tiles + t;
+                    for (;;) {
+                        int c;
+                        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(c) : "l"(count) : "memory");
+                        if (c >= a.n_kblocks) break;
+                        __nanosleep(256);
+                    }
+                }
+                __syncwarp();
+                bwd_dq_convert<K>(sh, map_dq, a, blk.b, h, t * K::BR, lane, phase);
+            }
+        }
+    }
 }
 
 /* The ordered dQ writer of consumer warpgroup cw (K::ORDERED, deterministic runs: warp 1 + cw of the producer

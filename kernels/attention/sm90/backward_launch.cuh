@@ -15,7 +15,8 @@ template <int D, typename T, bool CAUSAL, bool ORDERED, bool T5, bool DELTA = fa
 static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream)
 {
     using tile = fs_sm90_bwd_tile<D>;
-    constexpr int SMEM = sm90_bwd_smem<D, T5>();
+    using config = sm90_bwd_config<D, T, CAUSAL, ORDERED, T5, DELTA>;
+    constexpr int SMEM = sm90_bwd_smem<config>();
     static fs_kernel handle;
     const fs_attn_params *p = &g->p;
     fs_sm90_bwd_args a;
@@ -51,7 +52,7 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
     a.resident = sms; /* one CTA per SM (__launch_bounds__(384, 1) and the shared memory) */
-    using config = sm90_bwd_config<D, T, CAUSAL, ORDERED, T5, DELTA>;
+    a.dq_done = config::CONVERT ? w->dq_done : NULL;
     const bool persistent = config::PERSIST && !p->cu_seqlens_q && !p->seqlens; /* padded batches: blocks alike */
     const unsigned grid = persistent && blocks > sms ? (unsigned)sms : (unsigned)blocks;
     int sq, sk, nb; /* packed sequences: all rows as one batch */

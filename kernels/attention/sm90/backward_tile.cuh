@@ -74,6 +74,13 @@ template <int D_, typename T_, bool CAUSAL_, bool ORDERED_, bool T5_, bool DELTA
     static constexpr bool PERSIST = D_ == 64 && !CAUSAL_ && !ORDERED_ && !T5_;
     /* the T5 region's floats in shared memory */
     static constexpr int T5_FLOATS = T5_ ? FS_SM90_BWD_T5_FLOATS : 0;
+    /* dQ converted in the kernel (launches that pass a.dq_done): the CTAs count each query tile's completed adds and
+     * the key block that owns a tile converts it once they are all in (sm90_bwd_dq_counter, sm90_bwd_dq_converter),
+     * so no pass reads the accumulator back from memory after the kernel. The persistent instantiation only: where a
+     * CTA takes one block, the counts of its last steps came after its products, before the next CTA could start
+     * (H200, bf16: 4 x 16 x 4096 x 128 and causal D = 64 at 1,024 tokens, counts alone, no faster than the post-pass) */
+    static constexpr bool CONVERT = PERSIST && STAGED;
+    static constexpr int CONVERT_FLOATS = CONVERT ? 64 * 64 : 0;
 };
 
 
@@ -104,19 +111,23 @@ typedef struct {
                           * sequence that rotate (sm90_bwd_rotated) */
     int *ticket;         /* deterministic runs: the CTAs' block counter (sm90_bwd_ticket), after dq_order's counters
                           * (fs_sm90_order_ticket); zeroed */
+    int *dq_done;        /* K::CONVERT kernels that convert dQ themselves: per (batch, query head, query tile of Br) the
+                          * key blocks whose adds to the tile have completed, ((b H + h) order_tiles + tile); zeroed.
+                          * NULL: the post-pass converts the accumulator */
 } fs_sm90_bwd_args;
 
 /* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two
  * buffers of dS^T (64-query panels of Bc rows, as dQ's MN-major A), dQ_i's float32 staging where the tile stages it
- * (boxes of 16 columns by 64 rows, unswizzled), STAGES buffers of L_i log2 e and D_i, the T5 region (T5 kernels),
- * the mbarriers (K_j, V_j full and empty, the ring's full and empty), the CTA's block (K::TICKET); plus 1 KiB
- * alignment slack */
-template <int D, bool T5> constexpr int sm90_bwd_smem()
+ * (boxes of 16 columns by 64 rows, unswizzled), the conversion buffer (K::CONVERT: one share of the staging's shape),
+ * STAGES buffers of L_i log2 e and D_i, the T5 region (T5 kernels), the mbarriers (K_j, V_j full and empty, the ring's
+ * full and empty, the conversion buffer's), the CTA's block (K::TICKET), and (K::CONVERT) the steps the dQ writer has
+ * seen complete; plus 1 KiB alignment slack */
+template <class K> constexpr int sm90_bwd_smem()
 {
-    using t = fs_sm90_bwd_tile<D>;
-    constexpr int DS = sm90_bwd_stored_dim(D);
+    using t = typename K::tile;
+    constexpr int DS = K::DS;
     return (2 * t::BC * DS + 2 * t::STAGES * t::BR * DS + 2 * t::BC * t::BR) * 2 + (t::DQ_STAGED > 0) * t::BR * DS * 4 +
-           2 * t::STAGES * t::BR * 4 + (T5 ? 4 * FS_SM90_BWD_T5_FLOATS : 0) + (2 + 2 * t::STAGES) * 8 + 16 + 1024;
+           4 * K::CONVERT_FLOATS + 2 * t::STAGES * t::BR * 4 + 4 * K::T5_FLOATS + (3 + 2 * t::STAGES) * 8 + 16 + 1024;
 }
 
 #ifdef FS_WGMMA
@@ -124,8 +135,10 @@ template <typename T> struct sm90_bwd_shared {
     T *sK, *sV, *sQ, *sdO, *sdS;
     float *sdQ, *sL, *sD;
     float *t5_bias, *t5_grad; /* T5 kernels: the head's table, its gradient's four rows and the paddings' sums */
-    uint64_t *kv_full, *kv_empty, *full, *empty;
-    int *ticket; /* K::TICKET: the CTA's block, as thread 0 took it (sm90_bwd_ticket) */
+    float *sConv; /* K::CONVERT: the conversion buffer */
+    uint64_t *kv_full, *kv_empty, *full, *empty, *conv_full;
+    int *ticket;     /* K::TICKET: the CTA's block, as thread 0 took it (sm90_bwd_ticket) */
+    int *steps_done; /* K::CONVERT: the CTA's steps whose dQ reductions the writer has seen complete */
 };
 
 /* The layout of instantiation K in smem_raw, from its first 1024-byte boundary (smem_align1024). */
@@ -140,7 +153,8 @@ template <class K> FS_DEV_T sm90_bwd_shared<typename K::T> sm90_bwd_carve(unsign
     sh.sdO = sh.sQ + STAGES * BR * D;
     sh.sdS = sh.sdO + STAGES * BR * D;
     sh.sdQ = reinterpret_cast<float *>(sh.sdS + 2 * BC * BR); /* 1024-byte aligned: every buffer before is */
-    sh.sL = sh.sdQ + (K::tile::DQ_STAGED > 0) * BR * D;
+    sh.sConv = sh.sdQ + (K::tile::DQ_STAGED > 0) * BR * D; /* 1024-byte aligned: the staging is 32 KiB */
+    sh.sL = sh.sConv + K::CONVERT_FLOATS;
     sh.sD = sh.sL + STAGES * BR;
     sh.t5_bias = sh.sD + STAGES * BR; /* 16-byte aligned (bulk copies): Br is a multiple of 4 */
     sh.t5_grad = sh.t5_bias + FS_SM90_BWD_T5_ROW;
@@ -148,7 +162,9 @@ template <class K> FS_DEV_T sm90_bwd_shared<typename K::T> sm90_bwd_carve(unsign
     sh.kv_empty = sh.kv_full + 1;
     sh.full = sh.kv_full + 2;
     sh.empty = sh.full + STAGES;
-    sh.ticket = reinterpret_cast<int *>(sh.empty + STAGES);
+    sh.conv_full = sh.empty + STAGES;
+    sh.ticket = reinterpret_cast<int *>(sh.conv_full + 1);
+    sh.steps_done = sh.ticket + 1;
     return sh;
 }
 #endif
