@@ -23,7 +23,8 @@ static size_t align256(size_t x)
 
 /* The main kernels in g's dtype: the Hopper kernel where it may run and covers g (deterministic runs: its dQ adds
  * ordered by zeroed counters; the T5 gradient's runs: its delta pass first), else the portable ones (deterministic
- * runs: the main kernel and the dQ kernel). Sets w->t5_hopper: whether t5_part holds the Hopper kernel's sums. */
+ * runs: the main kernel and the dQ kernel). Sets w->t5_hopper: whether t5_part holds the Hopper kernel's sums, and
+ * clears w->dq_done where the Hopper kernel does not run (then the post-pass converts dQ). */
 static cudaError_t run_kernels(const fs_attn_bwd_params *g, fs_bwd_work *w, int device, cudaStream_t stream)
 {
     if (w->sm90 && fs_sm90_backward_covers(g, w->rotary, w->rotary_dim)) {
@@ -37,6 +38,7 @@ static cudaError_t run_kernels(const fs_attn_bwd_params *g, fs_bwd_work *w, int 
         return g->p.dtype == FS_BF16 ? fs_sm90_backward_bf16(g, &w90, device, stream) : fs_sm90_backward_fp16(g, &w90, device, stream);
     }
     w->t5_hopper = 0;
+    w->dq_done = NULL; /* the portable kernels leave dQ's conversion to the post-pass */
     return g->p.dtype == FS_BF16 ? fs_sm80_backward_bf16(g, w, device, stream) : fs_sm80_backward_fp16(g, w, device, stream);
 }
 
@@ -182,7 +184,7 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
         if (p->rotary) err = fs_rotary_qk(p, device, stream, ws + off_rot, &kg.p);
         if (err == cudaSuccess) err = fs_sm80_backward_pre(g, &w, p->D, device, stream);
         if (err == cudaSuccess) err = run_kernels(&kg, &w, device, stream);
-        if (err == cudaSuccess && !convert) err = fs_sm80_backward_post(g, &w, device, stream);
+        if (err == cudaSuccess && !w.dq_done) err = fs_sm80_backward_post(g, &w, device, stream);
     } else {
         err = backward_padded(g, &w, Dp, device, stream);
     }

@@ -4,8 +4,9 @@
  * (backward_mainloop.cuh: 64 keys each; dV, dK in registers, dQ into the float32 accumulator); warp 1 of warpgroup 0
  * adds the consumers' staged dQ by TMA reductions, in deterministic runs its warps 1 and 2 in order of key block,
  * and where the kernel converts dQ itself its warps 2 and 3 count each query tile's completed adds and convert
- * the tiles the CTA's key blocks own (backward_dq.cuh); the consumers store dV, dK (backward_epilogue.cuh). The passes around it are the portable
- * backward's (Delta and the zeroed accumulator before, dQ's conversion after where the kernel does not convert it).
+ * the tiles the CTA's key blocks own (backward_dq.cuh); the consumers store dV, dK (backward_epilogue.cuh). The
+ * passes around it are the portable backward's (Delta and the zeroed accumulator before, dQ's conversion after where
+ * the kernel does not convert it).
  * Design and measurements: docs/notes/attention_backward_sm90.md. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH

@@ -52,7 +52,10 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
     a.resident = sms; /* one CTA per SM (__launch_bounds__(384, 1) and the shared memory) */
-    a.dq_done = config::CONVERT ? w->dq_done : NULL;
+    /* the dispatcher skips the post-pass where it passes dq_done (fs_sm90_backward_converts): an instantiation that
+     * does not convert dQ must not take it, or dq would stay unwritten */
+    if (w->dq_done && !config::CONVERT) return cudaErrorNotSupported;
+    a.dq_done = w->dq_done;
     const bool persistent = config::PERSIST && !p->cu_seqlens_q && !p->seqlens; /* padded batches: blocks alike */
     const unsigned grid = persistent && blocks > sms ? (unsigned)sms : (unsigned)blocks;
     int sq, sk, nb; /* packed sequences: all rows as one batch */
