@@ -5,9 +5,15 @@
 #include "attention/sm90/tensor_map.h"
 #include "attention/sm90/variants.h"
 
+/* Query tiles of 64 rows over all batches and heads: the unit of the per-tile counters (kernel: a.order_tiles a head). */
+static size_t query_tiles64(const fs_attn_params *p)
+{
+    return (size_t)p->B * p->H * ((p->Sq + 63) / 64);
+}
+
 size_t fs_sm90_order_ticket(const fs_attn_params *p)
 {
-    return (size_t)p->B * p->H * ((p->Sq + 63) / 64) * 2;
+    return 2 * query_tiles64(p);
 }
 
 size_t fs_sm90_order_ints(const fs_attn_params *p)
@@ -23,7 +29,7 @@ int fs_sm90_backward_converts(const fs_attn_bwd_params *g, int rotary)
 
 size_t fs_sm90_dq_done_ints(const fs_attn_params *p)
 {
-    return (size_t)p->B * p->H * ((p->Sq + 63) / 64);
+    return query_tiles64(p);
 }
 
 int fs_sm90_bwd_t5_row(const fs_attn_params *p)
