@@ -44,47 +44,7 @@ template <int PENDING> FS_DEV_T void bwd_dq_completed(const int *steps_done, int
     asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(PENDING) : "memory");
     asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the reductions, for the generic proxy */
     asm volatile("fence.acq_rel.cta;\n" ::: "memory");        /* ... before the count the converter reads */
-    asm volatile("atom.relaxed.cta.shared.exch.b32 _, [%0], %1;\n" ::"r"(smem_addr(steps_done)), "r"(steps) : "memory");
-}
-
-/* The accumulator's rows of block blk's query heads zeroed ahead of the adds (K::ZERO_AHEAD, launches with a.dq_zeroed,
- * padded batches: warp 2 of the producer warpgroup; lane: its lane). The block of key block 0 (with the lowest index of
- * its batch and K/V head's blocks: it starts first) zeroes every row 0 .. Sq - 1 of each query head of the group, a
- * tile of Br rows at a time, and counts the tile in a.dq_zeroed once its zeros are visible (a release after the warp's
- * stores); the writers wait for a tile's count before their first reduction into it (bwd_dq_zeroed_wait). Rows past
- * Sq are the next head's, which its own block zeroes: a last partial tile stores only its rows. */
-template <class K>
-FS_DEV_T void sm90_bwd_dq_zero(const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int lane)
-{
-    const fs_attn_params &p = a.g.p;
-    if (blk.k0 != 0) return;
-    const int tiles = (p.Sq + K::BR - 1) / K::BR, chunks = K::BR * p.D / 4; /* float4s of a whole tile */
-    int *count = a.dq_zeroed + (int64_t)blk.b * (p.H / p.kv_group) + blk.hkv;
-    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int g = 0; g < p.kv_group; g++) {
-        float4 *rows = reinterpret_cast<float4 *>(a.dq_acc + ((int64_t)blk.b * p.H + blk.hkv * p.kv_group + g) * p.Sq * p.D);
-        for (int t = 0; t < tiles; t++, rows += chunks) {
-            const int n = t + 1 < tiles ? chunks : (p.Sq - t * K::BR) * p.D / 4;
-            for (int x = lane; x < n; x += 32) rows[x] = zero;
-            __syncwarp(); /* every lane's stores before lane 0's release */
-            if (lane == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(count) : "memory");
-        }
-    }
-}
-
-/* The writer's wait for the zeros of tile t of the group's g-th query head (K::ZERO_AHEAD, a.dq_zeroed; lane 0): until
- * the zeroing warp has counted the tile (seen: the count last read), then the zeros ordered before the reductions
- * (the async proxy's). */
-template <class K>
-FS_DEV_T void bwd_dq_zeroed_wait(const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int g, int t, int &seen)
-{
-    const fs_attn_params &p = a.g.p;
-    const int need = g * ((p.Sq + K::BR - 1) / K::BR) + t + 1;
-    if (seen >= need) return;
-    const int *count = a.dq_zeroed + (int64_t)blk.b * (p.H / p.kv_group) + blk.hkv;
-    do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
-    while (seen < need);
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    asm volatile("st.relaxed.cta.shared.b32 [%0], %1;\n" ::"r"(smem_addr(steps_done)), "r"(steps) : "memory");
 }
 
 /* The dQ writer (K::STAGED) for block blk: per step and consumer warpgroup, once its share is staged, lane 0 adds the
@@ -101,13 +61,9 @@ FS_DEV_T void sm90_bwd_dq_writer_block(const sm90_bwd_shared<typename K::T> &sh,
      * an int (the launch checks the accumulator's), in the registers of the producer warpgroup */
     const fs_attn_params &p = a.g.p;
     const int head_rows = p.cu_seqlens_q ? p.total_q : p.Sq, last = blk.n_iter - 1;
-    int row = (int)fs_bwd_row(p, blk.b, blk.hkv * p.kv_group, blk.seq.qo, blk.q_tile0 * K::BR), zeroed = 0;
+    int row = (int)fs_bwd_row(p, blk.b, blk.hkv * p.kv_group, blk.seq.qo, blk.q_tile0 * K::BR);
     for (int g = 0, it = 0; g < p.kv_group; g++, row += head_rows - blk.n_q * K::BR)
         for (int i = 0; i < blk.n_q; i++, it++, row += K::BR) {
-            if (K::ZERO_AHEAD && a.dq_zeroed) {
-                if (lane == 0) bwd_dq_zeroed_wait<K>(a, blk, g, blk.q_tile0 + i, zeroed);
-                __syncwarp(); /* the warp converged again before the named barriers */
-            }
 #pragma unroll
             for (int cw = 0; cw < 2; cw++) {
                 bwd_dq_staged_wait(cw);
@@ -206,7 +162,7 @@ FS_DEV_T void sm90_bwd_dq_counter(const sm90_bwd_shared<typename K::T> &sh, cons
     const int total = ((int)a.blocks - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * n_iter;
     for (int cur = 0, seen; cur < total; cur = seen) {
         for (;;) {
-            asm volatile("atom.relaxed.cta.shared.or.b32 %0, [%1], 0;\n" : "=r"(seen) : "r"(smem_addr(sh.steps_done)) : "memory");
+            asm volatile("ld.relaxed.cta.shared.b32 %0, [%1];\n" : "=r"(seen) : "r"(smem_addr(sh.steps_done)) : "memory");
             if (seen > cur) break;
             __nanosleep(64);
         }
