@@ -8,7 +8,8 @@
  * 2 max_distance + 1 of them) if that is more) and on Hopper each head's T5 table (up to 4 (2 max_distance + 385)
  * bytes), plus (padded head dims) q, k, v, dO, dk and dv at Dp, plus (deterministic runs on Hopper) 8 bytes per
  * (batch, head, 64 queries) for the counters that order dQ's adds, and 16 for the one the CTAs take blocks from, plus
- * (Hopper runs whose kernel converts dQ itself) 4 bytes per (batch, head, 64 queries) for its tile counters. */
+ * (Hopper runs whose kernel converts dQ itself) 4 bytes per (batch, head, 64 queries) for its tile counters, plus
+ * (Hopper runs whose kernel zeroes dQ's accumulator itself) 8 bytes per (batch, K/V head). */
 #include "attention/head_copy.h"
 #include "attention/launchers.h"
 #include "attention/sm80/backward.h"
@@ -24,21 +25,32 @@ static size_t align256(size_t x)
 /* The main kernels in g's dtype: the Hopper kernel where it may run and covers g (deterministic runs: its dQ adds
  * ordered by zeroed counters; the T5 gradient's runs: its delta pass first), else the portable ones (deterministic
  * runs: the main kernel and the dQ kernel). Sets w->t5_hopper: whether t5_part holds the Hopper kernel's sums, and
- * clears w->dq_done where the Hopper kernel does not run (then the post-pass converts dQ). */
+ * clears w->dq_done where the Hopper kernel does not run (then the post-pass converts dQ), and w->dq_zeroed after
+ * zeroing the accumulator there. */
 static cudaError_t run_kernels(const fs_attn_bwd_params *g, fs_bwd_work *w, int device, cudaStream_t stream)
 {
     if (w->sm90 && fs_sm90_backward_covers(g, w->rotary, w->rotary_dim)) {
         const fs_sm90_bwd_work w90 = {w->dq_acc, w->delta, g->deterministic ? w->dq_order : NULL, w->rotary,
-                                      w->rotary_base, w->t5_rows, g->dtable ? w->t5_part : NULL, w->dq_done};
+                                      w->rotary_base, w->t5_rows, g->dtable ? w->t5_part : NULL, w->dq_done,
+                                      w->dq_zeroed};
         w->t5_hopper = 1;
         cudaError_t err = cudaSuccess;
         if (w90.dq_order) err = cudaMemsetAsync(w90.dq_order, 0, 4 * fs_sm90_order_ints(&g->p), stream);
-        if (w90.dq_done && err == cudaSuccess) err = cudaMemsetAsync(w90.dq_done, 0, 4 * fs_sm90_dq_done_ints(&g->p), stream);
+        /* the tile counters and the zeroing counters, one after the other in the workspace */
+        const size_t counters = (w90.dq_done ? fs_sm90_dq_done_ints(&g->p) : 0) +
+                                (w90.dq_zeroed ? fs_sm90_dq_zeroed_ints(&g->p) : 0);
+        if (counters && err == cudaSuccess)
+            err = cudaMemsetAsync(w90.dq_done ? w90.dq_done : w90.dq_zeroed, 0, 4 * counters, stream);
         if (err != cudaSuccess) return err;
         return g->p.dtype == FS_BF16 ? fs_sm90_backward_bf16(g, &w90, device, stream) : fs_sm90_backward_fp16(g, &w90, device, stream);
     }
     w->t5_hopper = 0;
     w->dq_done = NULL; /* the portable kernels leave dQ's conversion to the post-pass */
+    if (w->dq_zeroed) { /* ... and need the accumulator zeroed, which the pre-pass left to the Hopper kernel */
+        w->dq_zeroed = NULL;
+        cudaError_t err = cudaMemsetAsync(w->dq_acc, 0, 4 * (size_t)w->rows * g->p.D, stream);
+        if (err != cudaSuccess) return err;
+    }
     return g->p.dtype == FS_BF16 ? fs_sm80_backward_bf16(g, w, device, stream) : fs_sm80_backward_fp16(g, w, device, stream);
 }
 
@@ -167,8 +179,11 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     const size_t off_order = align256(off_t5_rows + (sm90 && p->t5_table ? 4 * (size_t)p->H * fs_sm90_bwd_t5_row(p) : 0));
     /* the Hopper kernel converts dQ itself (no post-pass) where it runs g at its own head dim and can */
     const int convert = hopper && native && fs_sm90_backward_converts(g, p->rotary);
+    /* ... or zeroes dQ's accumulator itself (no zeroing in the pre-pass) */
+    const int zeroes = hopper && native && fs_sm90_backward_zeroes(g);
     const size_t off_done = align256(off_order + (sm90 && g->deterministic ? 4 * fs_sm90_order_ints(p) : 0));
-    const size_t bytes = off_done + (convert ? 4 * fs_sm90_dq_done_ints(p) : 0);
+    const size_t off_zeroed = off_done + (convert ? 4 * fs_sm90_dq_done_ints(p) : 0);
+    const size_t bytes = off_zeroed + (zeroes ? 4 * fs_sm90_dq_zeroed_ints(p) : 0);
     char *ws = NULL;
     cudaError_t err = fs_workspace_get(device, stream, bytes, (void **)&ws);
     if (err != cudaSuccess) return err;
@@ -179,6 +194,7 @@ extern "C" cudaError_t fs_attention_backward_gpu(const fs_attn_bwd_params *g, in
     w.t5_hopper = 0;
     w.dq_order = sm90 && g->deterministic ? (int *)(ws + off_order) : NULL;
     w.dq_done = convert ? (int *)(ws + off_done) : NULL;
+    w.dq_zeroed = zeroes ? (int *)(ws + off_zeroed) : NULL;
     if (native) {
         fs_attn_bwd_params kg = *g; /* the kernels' view: q and k rotated, rotary off */
         if (p->rotary) err = fs_rotary_qk(p, device, stream, ws + off_rot, &kg.p);

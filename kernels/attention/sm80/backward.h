@@ -23,10 +23,12 @@ typedef struct {
     int sm90;          /* the Hopper main kernel may run (an sm_90 device, not forced to the portable one) */
     int *dq_order;     /* deterministic runs on the Hopper kernel: its dQ counters (fs_sm90_order_ints), or NULL */
     int *dq_done;      /* runs whose Hopper kernel converts dQ itself: its tile counters (fs_sm90_dq_done_ints), or NULL */
+    int *dq_zeroed;    /* runs whose Hopper kernel zeroes dQ's accumulator itself: its counters (fs_sm90_dq_zeroed_ints,
+                        * after dq_done's), or NULL */
 } fs_bwd_work;
 
 /* Delta = rowsum(dO o O) (zeros where a delta pass follows: g->dbias, g->dtable) and dQ's accumulator (rows of acc_d
- * floats: the kernels' head dim) zeroed, for every row of g. */
+ * floats: the kernels' head dim) zeroed (but where the main kernel zeroes it: w->dq_zeroed), for every row of g. */
 cudaError_t fs_sm80_backward_pre(const fs_attn_bwd_params *g, const fs_bwd_work *w, int acc_d, int device, cudaStream_t stream);
 /* dtable = the T5 gradient's partial bucket sums added over batches and query tiles, in a fixed order. */
 cudaError_t fs_sm80_backward_t5_sum(const fs_attn_bwd_params *g, const float *part, int device, cudaStream_t stream);

@@ -1,6 +1,7 @@
 /* The passes around the attention backward's main kernel (backward.cuh), sm_80+, fp16/bf16:
  *   pre:  D_i = rowsum(dO_i o O_i) in float32 (zeros where a delta pass computes D_i = rowsum(P o dP) instead: the
- *         runs with dbias or the T5 table's gradient), and dQ's float32 accumulator zeroed (the main kernel adds to it);
+ *         runs with dbias or the T5 table's gradient), and dQ's float32 accumulator zeroed (the main kernel adds to it)
+ *         where the Hopper kernel does not zero it itself;
  *   post: dQ = scale * accumulator (its rows in fs_dq_slot's order), rotated back when the forward rotated q, converted
  *         to dq's dtype and strides; a thread takes FS_POST_HEADS heads of a row, whose rotation angles are the same.
  * and the T5 table's gradient summed from the dQ kernel's per-block partials. Memory-bound: each reads and writes its rows once, a thread per 16-byte chunk (pre) or chunk pair (post: the pair a
@@ -28,6 +29,7 @@ typedef struct {
     int S, nb;       /* rows per batch and batches: (Sq, B) padded, (total_q, 1) packed */
     int acc_d;       /* columns of dQ's accumulator: the kernels' head dim */
     int delta_zero;  /* pre: Delta zeroed, not computed (a delta pass follows: dbias, dtable) */
+    int acc_zero;    /* pre: the accumulator zeroed (the Hopper kernel that zeroes it itself: not) */
 } fs_pass_args;
 
 /* Batch, row in the batch and head of pass row r (of nb * S) and head h: the workspace row and the tensors' offsets. */
@@ -65,7 +67,7 @@ __global__ void __launch_bounds__(FS_PASS_THREADS) backward_pre(const fs_pass_ar
             sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
         }
     }
-    if (row && c < a.acc_d / 8) { /* the accumulator's row, a.acc_d >= D columns */
+    if (row && a.acc_zero && c < a.acc_d / 8) { /* the accumulator's row, a.acc_d >= D columns */
         float4 *acc = reinterpret_cast<float4 *>(a.w.dq_acc + pass_row(a, r, h).ws_row * a.acc_d + c * 8);
         acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
@@ -194,6 +196,7 @@ static fs_pass_args pass_args(const fs_attn_bwd_params *g, const fs_bwd_work *w,
     a.nb = g->p.cu_seqlens_q ? 1 : g->p.B;
     a.acc_d = acc_d;
     a.delta_zero = g->dbias != NULL || g->dtable != NULL; /* both run a delta pass (sm80 dQ kernel, sm90 DELTA) */
+    a.acc_zero = w->dq_zeroed == NULL;
     return a;
 }
 

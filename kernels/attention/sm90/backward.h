@@ -21,6 +21,8 @@ typedef struct {
     float *t5_part;     /* the T5 gradient's sums by relative position per (b, h, key block), or NULL */
     int *dq_done;       /* where the kernel converts dQ into g->dq itself (fs_sm90_backward_converts):
                          * fs_sm90_dq_done_ints(g) zeroed ints; else NULL (the post-pass converts) */
+    int *dq_zeroed;     /* where the kernel zeroes dq_acc itself (fs_sm90_backward_zeroes): fs_sm90_dq_zeroed_ints(g)
+                         * zeroed ints, dq_acc not zeroed; else NULL (dq_acc zeroed) */
 } fs_sm90_bwd_work;
 
 /* Whether the Hopper backward takes g (the kernels' view: q and k as read, rotary off; rotary: the forward rotated them
@@ -46,6 +48,12 @@ size_t fs_sm90_order_ticket(const fs_attn_params *p);
  * rotation to turn back (rotary: the forward rotated q); and the tile counters it then takes (w->dq_done). */
 int fs_sm90_backward_converts(const fs_attn_bwd_params *g, int rotary);
 size_t fs_sm90_dq_done_ints(const fs_attn_params *p);
+/* Whether the kernel (which covers g) zeroes dQ's accumulator itself, ahead of its adds, so that the pre-pass need not:
+ * its non-causal instantiations that stage dQ and run one CTA per block (not D = 64 without the T5 bias, which runs
+ * persistent; not D = 80's own, which adds by atomics), on padded batches, not deterministic; and the counters it then
+ * takes (w->dq_zeroed). */
+int fs_sm90_backward_zeroes(const fs_attn_bwd_params *g);
+size_t fs_sm90_dq_zeroed_ints(const fs_attn_params *p);
 /* dk, dv, and dQ added into w->dq_acc, for fp16 or bf16. */
 cudaError_t fs_sm90_backward_fp16(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream);
 cudaError_t fs_sm90_backward_bf16(const fs_attn_bwd_params *g, const fs_sm90_bwd_work *w, int device, cudaStream_t stream);

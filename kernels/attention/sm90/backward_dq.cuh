@@ -47,6 +47,50 @@ template <int PENDING> FS_DEV_T void bwd_dq_completed(const int *steps_done, int
     asm volatile("st.relaxed.cta.shared.b32 [%0], %1;\n" ::"r"(smem_addr(steps_done)), "r"(steps) : "memory");
 }
 
+/* The accumulator's rows of the query heads of block blk's batch and K/V head zeroed ahead of the adds (K::ZERO_AHEAD,
+ * launches with a.dq_zeroed, padded batches: warp 2 of the producer warpgroup; lane: its lane). The first of the
+ * head's CTAs to claim the work (a compare-and-swap on the head's claim; usually its key block 0, which starts first)
+ * zeroes every row 0 .. Sq - 1 of each query head of the group, a tile of Br rows at a time, and counts the tile once
+ * its zeros are visible (a release after the warp's stores); the writers wait for a tile's count before their first
+ * reduction into it (bwd_dq_zeroed_wait). A CTA that claims has started, so no writer waits for a CTA the hardware has
+ * not started, whatever order it starts them in. Rows past Sq are the next head's, which its own CTAs zero: a last
+ * partial tile stores only its rows. */
+template <class K>
+FS_DEV_T void sm90_bwd_dq_zero(const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int lane)
+{
+    const fs_attn_params &p = a.g.p;
+    int *head = a.dq_zeroed + 2 * ((int64_t)blk.b * (p.H / p.kv_group) + blk.hkv); /* the tiles zeroed, the claim */
+    int claimed = 0;
+    if (lane == 0) claimed = atomicCAS(head + 1, 0, 1) == 0;
+    if (!__shfl_sync(0xffffffffu, claimed, 0)) return;
+    const int tiles = (p.Sq + K::BR - 1) / K::BR, chunks = K::BR * p.D / 4; /* float4s of a whole tile */
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int g = 0; g < p.kv_group; g++) {
+        float4 *rows = reinterpret_cast<float4 *>(a.dq_acc + ((int64_t)blk.b * p.H + blk.hkv * p.kv_group + g) * p.Sq * p.D);
+        for (int t = 0; t < tiles; t++, rows += chunks) {
+            const int n = t + 1 < tiles ? chunks : (p.Sq - t * K::BR) * p.D / 4;
+            for (int x = lane; x < n; x += 32) rows[x] = zero;
+            __syncwarp(); /* every lane's stores before lane 0's release */
+            if (lane == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(head) : "memory");
+        }
+    }
+}
+
+/* The writer's wait for the zeros of tile t of the group's g-th query head (K::ZERO_AHEAD, a.dq_zeroed; lane 0): until
+ * the zeroing warp has counted the tile (seen: the count last read), then the zeros ordered before the reductions
+ * (the async proxy's). */
+template <class K>
+FS_DEV_T void bwd_dq_zeroed_wait(const fs_sm90_bwd_args &a, const sm90_bwd_block &blk, int g, int t, int &seen)
+{
+    const fs_attn_params &p = a.g.p;
+    const int need = g * ((p.Sq + K::BR - 1) / K::BR) + t + 1;
+    if (seen >= need) return;
+    const int *count = a.dq_zeroed + 2 * ((int64_t)blk.b * (p.H / p.kv_group) + blk.hkv);
+    do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
+    while (seen < need);
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 /* The dQ writer (K::STAGED) for block blk: per step and consumer warpgroup, once its share is staged, lane 0 adds the
  * share's boxes into the accumulator (rows at fs_bwd_row; a tile's rows past its head or sequence add zeros, rows past
  * the accumulator and columns past D are dropped) and frees the staging once the reductions have read it (but for the
@@ -61,9 +105,13 @@ FS_DEV_T void sm90_bwd_dq_writer_block(const sm90_bwd_shared<typename K::T> &sh,
      * an int (the launch checks the accumulator's), in the registers of the producer warpgroup */
     const fs_attn_params &p = a.g.p;
     const int head_rows = p.cu_seqlens_q ? p.total_q : p.Sq, last = blk.n_iter - 1;
-    int row = (int)fs_bwd_row(p, blk.b, blk.hkv * p.kv_group, blk.seq.qo, blk.q_tile0 * K::BR);
+    int row = (int)fs_bwd_row(p, blk.b, blk.hkv * p.kv_group, blk.seq.qo, blk.q_tile0 * K::BR), zeroed = 0;
     for (int g = 0, it = 0; g < p.kv_group; g++, row += head_rows - blk.n_q * K::BR)
         for (int i = 0; i < blk.n_q; i++, it++, row += K::BR) {
+            if (K::ZERO_AHEAD && a.dq_zeroed) {
+                if (lane == 0) bwd_dq_zeroed_wait<K>(a, blk, g, blk.q_tile0 + i, zeroed);
+                __syncwarp(); /* the warp converged again before the named barriers */
+            }
 #pragma unroll
             for (int cw = 0; cw < 2; cw++) {
                 bwd_dq_staged_wait(cw);

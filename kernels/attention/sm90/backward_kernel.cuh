@@ -4,9 +4,10 @@
  * (backward_mainloop.cuh: 64 keys each; dV, dK in registers, dQ into the float32 accumulator); warp 1 of warpgroup 0
  * adds the consumers' staged dQ by TMA reductions, in deterministic runs its warps 1 and 2 in order of key block,
  * and where the kernel converts dQ itself its warps 2 and 3 count each query tile's completed adds and convert
- * the tiles the CTA's key blocks own (backward_dq.cuh); the consumers store dV, dK (backward_epilogue.cuh). The
- * passes around it are the portable backward's (Delta and the zeroed accumulator before, dQ's conversion after where
- * the kernel does not convert it).
+ * the tiles the CTA's key blocks own, where it zeroes the accumulator itself its warp 2 zeroes the rows of the heads
+ * whose first key block it runs (backward_dq.cuh); the consumers store dV, dK (backward_epilogue.cuh). The passes
+ * around it are the portable backward's (Delta, and the zeroed accumulator where the kernel does not zero it, before;
+ * dQ's conversion after where the kernel does not convert it).
  * Design and measurements: docs/notes/attention_backward_sm90.md. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH
@@ -58,6 +59,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap map_q, const __grid_const
             sm90_bwd_dq_writer_ordered<K>(sh, map_dq, a, first, (threadIdx.x >> 5) - 1, threadIdx.x & 31);
         else if (K::CONVERT && threadIdx.x < 96 && a.dq_done) sm90_bwd_dq_counter<K>(sh, a);
         else if (K::CONVERT && a.dq_done) sm90_bwd_dq_converter<K>(sh, map_dq, a);
+        else if (K::ZERO_AHEAD && threadIdx.x < 96 && a.dq_zeroed) sm90_bwd_dq_zero<K>(a, first, threadIdx.x & 31);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(K::CONSUMER_REGS));
         sm90_bwd_consumer<K>(sh, a, &map_dk, &map_dv, first, (threadIdx.x >> 7) - 1);

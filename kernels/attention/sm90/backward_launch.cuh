@@ -45,6 +45,16 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
      * query heads' 8 Sq D bytes, its own 4 Sk D) */
     const long long per_head = (8LL * p->Sq * p->kv_group + 4LL * p->Sk) * D, fit = (24LL << 20) / per_head;
     a.section = fit < 1 ? 1 : fit < (long long)hkv * p->B ? (int)fit : hkv * p->B;
+    /* the dispatcher's pre-pass left the accumulator to the kernel where it passes dq_zeroed (fs_sm90_backward_zeroes):
+     * an instantiation that does not zero it, packed rows or no blocks have it zeroed here (the delta pass writes no
+     * dQ) */
+    const bool zero_ahead = config::ZERO_AHEAD && !p->cu_seqlens_q && blocks > 0;
+    a.dq_zeroed = zero_ahead ? w->dq_zeroed : NULL;
+    if (w->dq_zeroed && !zero_ahead && !DELTA) {
+        const int64_t rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
+        const cudaError_t zerr = cudaMemsetAsync(w->dq_acc, 0, 4 * (size_t)rows * p->D, stream);
+        if (zerr != cudaSuccess) return zerr;
+    }
     if (blocks == 0) return cudaSuccess;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     a.blocks = (int)blocks;

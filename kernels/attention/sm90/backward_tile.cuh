@@ -80,6 +80,14 @@ template <int D_, typename T_, bool CAUSAL_, bool ORDERED_, bool T5_, bool DELTA
      * CTA takes one block, the counts of its last steps came after its products, before the next CTA could start
      * (H200, bf16: 4 x 16 x 4096 x 128 and causal D = 64 at 1,024 tokens, counts alone, no faster than the post-pass) */
     static constexpr bool CONVERT = PERSIST && STAGED;
+    /* dQ's accumulator zeroed in the kernel (launches that pass a.dq_zeroed: padded batches): warp 2 of the first CTA
+     * of a head to claim it zeroes the head's rows tile by tile while the products run, and the writer waits for a tile's zeros
+     * before its first reduction into it (sm90_bwd_dq_zero), so no pass writes the accumulator before the kernel. The
+     * instantiations whose warp 2 is idle (staged, not ordered: warps 1 and 2 write, not persistent: warp 2 counts)
+     * and non-causal: a head's blocks all start at its first tile, as the zeroing does. Causal blocks start at their
+     * diagonal tile, which one warp zeroing the head tile by tile reached late (H200, bf16, D = 128 4 x 16 x 4096:
+     * 1,460 -> 1,600 us; causal D = 80's wgmmas ptxas serialized, C7511, with the zeroing or with the writer's wait) */
+    static constexpr bool ZERO_AHEAD = STAGED && !ORDERED_ && !PERSIST && !CAUSAL_;
     static constexpr int CONVERT_FLOATS = CONVERT ? 64 * 64 : 0;
 };
 
@@ -114,6 +122,9 @@ typedef struct {
     int *dq_done;        /* K::CONVERT kernels that convert dQ themselves: per (batch, query head, query tile of Br) the
                           * key blocks whose adds to the tile have completed, ((b H + h) order_tiles + tile); zeroed.
                           * NULL: the post-pass converts the accumulator */
+    int *dq_zeroed;      /* K::ZERO_AHEAD kernels that zero the accumulator themselves: per (batch, K/V head) the tiles
+                          * of Br rows zeroed so far (the group's query heads in turn) and the claim of the zeroing,
+                          * 2 (b Hkv + hkv) + 0, 1; zeroed. NULL: the pre-pass zeroed the accumulator */
 } fs_sm90_bwd_args;
 
 /* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two
