@@ -80,17 +80,17 @@ def check(ours, ref, theirs, what):
                                  f"torch {t.flatten()[at].item():.4f}; ref max {r.abs().max().item():.3f})")
 
 
-def flashsci_grads(q, k, v, dout, **kw):
+def flashsci_grads(q, k, v, dout, deterministic=False, **kw):
     """flashsci's forward (return_lse) then backward into poisoned gradients."""
     out, lse = flashsci.attention(q, k, v, return_lse=True, **kw)
     dq, dk, dv = poisoned(q), poisoned(k), poisoned(v)
-    res = flashsci.attention_backward(dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, **kw)
+    res = flashsci.attention_backward(dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, deterministic=deterministic, **kw)
     assert res[0] is dq and res[1] is dk and res[2] is dv
     return dq, dk, dv
 
 
 def run_case(b, h, hkv, sq, sk, d, dtype, causal=False, kpm=None, lens=None, add=None, table=None, rotary=None,
-             layout="bhsd", scale=None, what=""):
+             layout="bhsd", scale=None, deterministic=False, what=""):
     """One problem through flashsci and both references, options as flashsci takes them."""
     q, k, v, dout = rand(b, h, sq, d, dtype=dtype), rand(b, hkv, sk, d, dtype=dtype), rand(b, hkv, sk, d, dtype=dtype), \
         rand(b, h, sq, d, dtype=dtype)
@@ -121,9 +121,9 @@ def run_case(b, h, hkv, sq, sk, d, dtype, causal=False, kpm=None, lens=None, add
     theirs = grads(attention_lowp, q, k, v, dout, causal=causal and not masked, **ref_kw)
     if layout == "bshd":
         tq, tk, tv, tdo = (x.transpose(1, 2).contiguous() for x in (q, k, v, dout))
-        ours = [x.transpose(1, 2) for x in flashsci_grads(tq, tk, tv, tdo, layout="bshd", **kw)]
+        ours = [x.transpose(1, 2) for x in flashsci_grads(tq, tk, tv, tdo, deterministic, layout="bshd", **kw)]
     else:
-        ours = flashsci_grads(q, k, v, dout, **kw)
+        ours = flashsci_grads(q, k, v, dout, deterministic, **kw)
     check(ours, ref, theirs, what or f"{b, h, hkv, sq, sk, d, dtype} {sorted(kw)}")
     return ours
 
@@ -280,20 +280,30 @@ def test_key_padding_mask_and_seqlens(d, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_accumulator_zeroed_by_kernel(dtype):
+def test_accumulator_not_zeroed_before(dtype):
     """dQ's float32 accumulator lives in a workspace kept across calls; on Hopper the non-causal one-CTA-per-block
-    kernels on padded batches (D = 96-128, the T5 bias) zero it themselves ahead of their adds instead of the pre-pass.
-    A call with large gradients first leaves large sums there; then partial last query tiles, more key blocks than SMs
-    with grouped K/V, seqlens with an empty and a one-token sequence (rows past them zero), the T5 bias."""
+    kernels on padded batches (D = 96-128, the T5 bias) zero it themselves ahead of their adds instead of the pre-pass,
+    and deterministic runs on padded batches without seqlens store each query tile's first share. Before each case a
+    call with large gradients leaves large sums there; then partial last query tiles, more key blocks than SMs with
+    grouped K/V, seqlens with an empty and a one-token sequence (rows past them zero), the T5 bias; deterministic
+    causal and not, Sq != Sk, D = 64, 80 and 128."""
     big = rand(2, 8, 700, 128, dtype=dtype)
     out, lse = flashsci.attention(big, big, big, return_lse=True)
-    flashsci.attention_backward(big * 1e3, big, big, big, out, lse)
-    run_case(2, 4, 2, 300, 500, 128, dtype)
-    run_case(2, 8, 4, 700, 2100, 128, dtype)
+    stale = lambda: flashsci.attention_backward(big * 1e3, big, big, big, out, lse)
+    cases = [((2, 4, 2, 300, 500, 128), {}), ((2, 8, 4, 700, 2100, 128), {}),
+             ((2, 4, 4, 300, 300, 128), dict(table=torch.randn(4, 32, device="cuda"))),
+             ((2, 4, 2, 300, 500, 128), dict(deterministic=True)),
+             ((2, 4, 4, 700, 650, 64), dict(deterministic=True, causal=True)),
+             ((3, 4, 2, 333, 900, 80), dict(deterministic=True, layout="bshd")),
+             ((2, 4, 4, 650, 300, 128), dict(deterministic=True, causal=True))]
+    for shape, kw in cases:
+        stale()
+        run_case(*shape, dtype, **kw)
+    stale()
     lens = torch.tensor([300, 0, 1], dtype=torch.int32, device="cuda")
-    ours = run_case(3, 4, 4, 300, 300, 112, dtype, lens=lens)
-    assert (ours[0][1] == 0).all() and (ours[0][2, :, 1:] == 0).all()
-    run_case(2, 4, 4, 300, 300, 128, dtype, table=torch.randn(4, 32, device="cuda"))
+    for deterministic in (False, True):
+        ours = run_case(3, 4, 4, 300, 300, 112, dtype, lens=lens, deterministic=deterministic)
+        assert (ours[0][1] == 0).all() and (ours[0][2, :, 1:] == 0).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -68,7 +68,13 @@ FS_DEV void tma_store_2d(const CUtensorMap *map, const void *src, int c0, int c1
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
                  ::"l"(map), "r"(c0), "r"(c1), "r"(smem_addr(src)) : "memory");
 }
-/* The same for a box at (c0, c1, c2, c3) of a 4-D tensor map. */
+/* The same for a box at (c0, c1, c2) of a 3-D tensor map ... */
+FS_DEV void tma_store_3d(const CUtensorMap *map, const void *src, int c0, int c1, int c2)
+{
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+                 ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(src)) : "memory");
+}
+/* ... and at (c0, c1, c2, c3) of a 4-D one. */
 FS_DEV void tma_store_4d(const CUtensorMap *map, const void *src, int c0, int c1, int c2, int c3)
 {
     asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
@@ -80,6 +86,12 @@ FS_DEV void tma_reduce_add_2d(const CUtensorMap *map, const void *src, int c0, i
 {
     asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group [%0, {%1, %2}], [%3];\n"
                  ::"l"(map), "r"(c0), "r"(c1), "r"(smem_addr(src)) : "memory");
+}
+/* The same add at (c0, c1, c2) of a 3-D float32 tensor map. */
+FS_DEV void tma_reduce_add_3d(const CUtensorMap *map, const void *src, int c0, int c1, int c2)
+{
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+                 ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(src)) : "memory");
 }
 FS_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /* Wait until this thread's bulk groups have read their shared memory (the buffer may be rewritten) ... */
@@ -125,13 +137,16 @@ static inline cudaError_t fs_make_tensor_map(CUtensorMap *map, const void *base,
     return fs_encode_tensor_map(map, type, base, rank, dims, strides, box, swizzle);
 }
 
-/* ... over float32 rows (cols columns, rows rows, row_bytes apart) in unswizzled boxes of box_cols x box_rows. */
+/* ... over float32 rows (cols columns, rows rows, row_bytes apart) in unswizzled boxes of box_cols x box_rows; with
+ * planes (not 0) a 3-D map of that many such blocks of rows, plane_bytes apart, in boxes of one plane (rows past a
+ * plane's end are not written). */
 static inline cudaError_t fs_make_tensor_map_f32(CUtensorMap *map, const void *base, cuuint64_t cols, cuuint64_t rows,
-                                                 cuuint64_t row_bytes, cuuint32_t box_cols, cuuint32_t box_rows)
+                                                 cuuint64_t row_bytes, cuuint32_t box_cols, cuuint32_t box_rows,
+                                                 cuuint64_t planes = 0, cuuint64_t plane_bytes = 0)
 {
-    const cuuint64_t dims[2] = {cols, rows}, strides[1] = {row_bytes};
-    const cuuint32_t box[2] = {box_cols, box_rows};
-    return fs_encode_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, base, 2, dims, strides, box,
+    const cuuint64_t dims[3] = {cols, rows, planes}, strides[2] = {row_bytes, plane_bytes};
+    const cuuint32_t box[3] = {box_cols, box_rows, 1};
+    return fs_encode_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, base, planes ? 3 : 2, dims, strides, box,
                                 CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 

@@ -48,10 +48,11 @@ size_t fs_sm90_order_ticket(const fs_attn_params *p);
  * rotation to turn back (rotary: the forward rotated q); and the tile counters it then takes (w->dq_done). */
 int fs_sm90_backward_converts(const fs_attn_bwd_params *g, int rotary);
 size_t fs_sm90_dq_done_ints(const fs_attn_params *p);
-/* Whether the kernel (which covers g) zeroes dQ's accumulator itself, ahead of its adds, so that the pre-pass need not:
- * its non-causal instantiations that stage dQ and run one CTA per block (not D = 64 without the T5 bias, which runs
- * persistent; not D = 80's own, which adds by atomics), on padded batches, not deterministic; and the counters it then
- * takes (w->dq_zeroed). */
+/* Whether the kernel (which covers g) needs no zeroed dQ accumulator from the pre-pass: its non-causal instantiations
+ * that stage dQ and run one CTA per block (not D = 64 without the T5 bias, which runs persistent; not D = 80's own,
+ * which adds by atomics) zero it themselves ahead of their adds, on padded batches; deterministic runs on padded
+ * batches without seqlens store each tile's first share rather than add it; and the counters the zeroing takes
+ * (w->dq_zeroed, also the flag that the pre-pass left the accumulator). */
 int fs_sm90_backward_zeroes(const fs_attn_bwd_params *g);
 size_t fs_sm90_dq_zeroed_ints(const fs_attn_params *p);
 /* dk, dv, and dQ added into w->dq_acc, for fp16 or bf16. */

@@ -37,7 +37,8 @@ int fs_sm90_backward_zeroes(const fs_attn_bwd_params *g)
     const fs_attn_params *p = &g->p;
     const int dim = sm90_kernel_dim(p->D), t5 = p->t5_table != NULL;
     const int persistent = dim == 64 && !p->causal && !t5, d80 = p->D == 80 && !t5; /* D = 80's own kernel */
-    return !p->causal && !p->cu_seqlens_q && !g->deterministic && !persistent && !d80;
+    if (g->deterministic) return !p->cu_seqlens_q && !p->seqlens; /* the tiles' first shares stored */
+    return !p->causal && !p->cu_seqlens_q && !persistent && !d80;
 }
 
 size_t fs_sm90_dq_zeroed_ints(const fs_attn_params *p)

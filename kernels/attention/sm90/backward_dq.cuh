@@ -37,6 +37,24 @@ FS_DEV_T void bwd_dq_add_share(const sm90_bwd_shared<typename K::T> &sh, const C
     bulk_wait_read();
 }
 
+/* The same share where the accumulator's map has a plane per (batch, query head) (a.dq_planes: ordered runs on padded
+ * batches without seqlens): at row q of plane `plane`, rows past Sq dropped; stored rather than added where it is the
+ * tile's first (store). */
+template <class K>
+FS_DEV_T void bwd_dq_put_share(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq, const fs_attn_params &p,
+                               int cw, int q, int plane, bool store)
+{
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+        if (bwd_dq_box_col<K::D>(cw, c) < p.D) {
+            const float *box = sh.sdQ + (4 * cw + c) * 64 * 16;
+            if (store) tma_store_3d(&map_dq, box, bwd_dq_box_col<K::D>(cw, c), q, plane);
+            else tma_reduce_add_3d(&map_dq, box, bwd_dq_box_col<K::D>(cw, c), q, plane);
+        }
+    bulk_commit();
+    bulk_wait_read();
+}
+
 /* The writer's reductions complete but for the last PENDING bulk groups (its lane 0), and the steps they close counted
  * in shared memory for the counter warp (K::CONVERT), which publishes them (sm90_bwd_dq_counter). */
 template <int PENDING> FS_DEV_T void bwd_dq_completed(const int *steps_done, int steps)
@@ -263,7 +281,9 @@ FS_DEV_T void sm90_bwd_dq_converter(const sm90_bwd_shared<typename K::T> &sh, co
  * warpgroup; lane: its lane) for the CTA's one block. Per step, lane 0 polls the tile's counter until the key blocks
  * before this one in the tile's order (sm90_bwd_tile, sm90_bwd_turn) have counted themselves, adds the warpgroup's
  * staged share by TMA reductions as the writer warp does, frees the staging once they have read it and, once they
- * have completed, counts this block. So every element's sum has one order. The poll runs ahead of the consumers'
+ * have completed, counts this block. So every element's sum has one order. Where the accumulator's map has a plane
+ * per head (a.dq_planes), the tile's first block in that order stores its share instead, so nothing zeroes the
+ * accumulator before the kernel. The poll runs ahead of the consumers'
  * share, the wait for the reductions after the staging is free: neither is on the consumers' path. (Polling for the
  * next step before counting this one made each count wait for the block before's count at the next step, a convoy
  * again: 1.23-1.47x the default's time; reading the next step's counter while the reductions complete held each count
@@ -283,16 +303,21 @@ FS_DEV_T void sm90_bwd_dq_writer_ordered(const sm90_bwd_shared<typename K::T> &s
     for (int g = 0, it = 0; g < group; g++, count0 += per_head, row0 += head_rows)
         for (int i = 0; i < n_q; i++, it++) {
             const int t = sm90_bwd_tile<K>(blk, i);
-            int *count = count0 + 2 * t;
+            int *count = count0 + 2 * t, turn = 0;
             if (lane == 0) {
-                const int turn = sm90_bwd_turn<K>(a, blk, t);
+                turn = sm90_bwd_turn<K>(a, blk, t);
                 int seen;
                 do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
                 while (seen != turn);
                 asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the adds before, for the reductions */
             }
             bwd_dq_staged_wait(cw);
-            if (lane == 0) bwd_dq_add_share<K>(sh, map_dq, p, cw, row0 + t * K::BR);
+            if (lane == 0) {
+                if (a.dq_planes) /* the share's row in its head's plane */
+                    bwd_dq_put_share<K>(sh, map_dq, p, cw, (blk.q_tile0 + t) * K::BR + bwd_dq_box_row<K::D>(cw),
+                                        blk.b * p.H + blk.hkv * group + g, turn == 0);
+                else bwd_dq_add_share<K>(sh, map_dq, p, cw, row0 + t * K::BR);
+            }
             __syncwarp();
             if (it < last) bwd_dq_free(cw);
             if (lane == 0) {

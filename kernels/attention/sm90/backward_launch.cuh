@@ -46,11 +46,14 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     const long long per_head = (8LL * p->Sq * p->kv_group + 4LL * p->Sk) * D, fit = (24LL << 20) / per_head;
     a.section = fit < 1 ? 1 : fit < (long long)hkv * p->B ? (int)fit : hkv * p->B;
     /* the dispatcher's pre-pass left the accumulator to the kernel where it passes dq_zeroed (fs_sm90_backward_zeroes):
-     * an instantiation that does not zero it, packed rows or no blocks have it zeroed here (the delta pass writes no
-     * dQ) */
+     * the kernel zeroes it (ZERO_AHEAD) or, ordered on padded batches without seqlens, every tile's first share is
+     * stored (a.dq_planes: its rows past Sq in no other head's); an instantiation that does neither, packed rows or no
+     * blocks have it zeroed here (the delta pass writes no dQ) */
     const bool zero_ahead = config::ZERO_AHEAD && !p->cu_seqlens_q && blocks > 0;
+    const bool planes = ORDERED && !DELTA && !p->cu_seqlens_q && !p->seqlens && blocks > 0;
     a.dq_zeroed = zero_ahead ? w->dq_zeroed : NULL;
-    if (w->dq_zeroed && !zero_ahead && !DELTA) {
+    a.dq_planes = planes;
+    if (w->dq_zeroed && !zero_ahead && !planes && !DELTA) {
         const int64_t rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
         const cudaError_t zerr = cudaMemsetAsync(w->dq_acc, 0, 4 * (size_t)rows * p->D, stream);
         if (zerr != cudaSuccess) return zerr;
@@ -77,10 +80,14 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     if (err == cudaSuccess) err = sm90_map(&mv, p->v, bf16, sk, hkv, nb, p->D, p->v_ss, p->v_sh, p->v_sb, tile::BC);
     if (err == cudaSuccess) err = sm90_map(&mdo, g->dout, bf16, sq, p->H, nb, p->D, g->do_ss, g->do_sh, g->do_sb, tile::BR);
     if (config::STAGED && err == cudaSuccess) {
-        /* the dQ accumulator as rows of D floats (staged dQ's TMA reductions; their row coordinates are int32) */
+        /* the dQ accumulator as rows of D floats (staged dQ's TMA reductions; their row coordinates are int32), in
+         * planes of Sq rows per (batch, query head) where the tiles' first shares are stored */
         const int64_t rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
+        const cuuint64_t row_bytes = 4 * (cuuint64_t)p->D;
         err = rows > 0x7fffffffLL ? cudaErrorInvalidConfiguration
-                                  : fs_make_tensor_map_f32(&mdq, w->dq_acc, p->D, rows, 4 * (cuuint64_t)p->D, 16, 64);
+              : planes ? fs_make_tensor_map_f32(&mdq, w->dq_acc, p->D, p->Sq, row_bytes, 16, 64, (cuuint64_t)p->B * p->H,
+                                                row_bytes * p->Sq)
+                       : fs_make_tensor_map_f32(&mdq, w->dq_acc, p->D, rows, row_bytes, 16, 64);
     }
     /* dV, dK by TMA (sm90_bwd_epilogue): one CTA per block, padded batches, strides a map takes; else direct stores */
     a.dkv_tma = !config::PERSIST && !DELTA && !p->cu_seqlens_q &&

@@ -125,6 +125,9 @@ typedef struct {
     int *dq_zeroed;      /* K::ZERO_AHEAD kernels that zero the accumulator themselves: per (batch, K/V head) the tiles
                           * of Br rows zeroed so far (the group's query heads in turn) and the claim of the zeroing,
                           * 2 (b Hkv + hkv) + 0, 1; zeroed. NULL: the pre-pass zeroed the accumulator */
+    int dq_planes;       /* ordered runs on padded batches without seqlens: map_dq has a plane of Sq rows per (batch,
+                          * query head), and each tile's first share in the order is stored (sm90_bwd_dq_writer_ordered),
+                          * the accumulator not zeroed before */
 } fs_sm90_bwd_args;
 
 /* shared memory: K_j, V_j (64-column halves of Bc rows), STAGES buffers of Q_i and of dO_i (halves of Br rows), two
