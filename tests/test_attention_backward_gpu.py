@@ -283,15 +283,18 @@ def test_key_padding_mask_and_seqlens(d, dtype):
 def test_accumulator_not_zeroed_before(dtype):
     """dQ's float32 accumulator lives in a workspace kept across calls; on Hopper the non-causal one-CTA-per-block
     kernels on padded batches (D = 96-128, the T5 bias) zero it themselves ahead of their adds instead of the pre-pass,
-    and deterministic runs on padded batches without seqlens store each query tile's first share. Before each case a
-    call with large gradients leaves large sums there; then partial last query tiles, more key blocks than SMs with
-    grouped K/V, seqlens with an empty and a one-token sequence (rows past them zero), the T5 bias; deterministic
-    causal and not, Sq != Sk, D = 64, 80 and 128."""
+    causal ones each query tile by its first writer, and deterministic runs on padded batches without seqlens store
+    each query tile's first share. Before each case a call with large gradients leaves large sums there; then partial
+    last query tiles, more key blocks than SMs with grouped K/V, seqlens with an empty and a one-token sequence (rows
+    past them zero), the T5 bias; causal with Sq != Sk and grouped heads; deterministic causal and not, Sq != Sk,
+    D = 64, 80 and 128."""
     big = rand(2, 8, 700, 128, dtype=dtype)
     out, lse = flashsci.attention(big, big, big, return_lse=True)
     stale = lambda: flashsci.attention_backward(big * 1e3, big, big, big, out, lse)
     cases = [((2, 4, 2, 300, 500, 128), {}), ((2, 8, 4, 700, 2100, 128), {}),
              ((2, 4, 4, 300, 300, 128), dict(table=torch.randn(4, 32, device="cuda"))),
+             ((2, 8, 2, 700, 900, 128), dict(causal=True)), ((2, 4, 4, 1100, 700, 64), dict(causal=True)),
+             ((2, 6, 3, 333, 333, 112), dict(causal=True, layout="bshd")),
              ((2, 4, 2, 300, 500, 128), dict(deterministic=True)),
              ((2, 4, 4, 700, 650, 64), dict(deterministic=True, causal=True)),
              ((3, 4, 2, 333, 900, 80), dict(deterministic=True, layout="bshd")),

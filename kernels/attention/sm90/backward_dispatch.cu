@@ -38,12 +38,14 @@ int fs_sm90_backward_zeroes(const fs_attn_bwd_params *g)
     const int dim = sm90_kernel_dim(p->D), t5 = p->t5_table != NULL;
     const int persistent = dim == 64 && !p->causal && !t5, d80 = p->D == 80 && !t5; /* D = 80's own kernel */
     if (g->deterministic) return !p->cu_seqlens_q && !p->seqlens; /* the tiles' first shares stored */
-    return !p->causal && !p->cu_seqlens_q && !persistent && !d80;
+    if (p->causal) return !p->cu_seqlens_q && !p->seqlens && !d80; /* each tile by its first writer */
+    return !p->cu_seqlens_q && !persistent && !d80;
 }
 
 size_t fs_sm90_dq_zeroed_ints(const fs_attn_params *p)
 {
-    return 2 * (size_t)p->B * fs_kv_heads(p); /* tiles zeroed, claim */
+    /* causal: a flag per query tile of 64 (a.order_tiles a head); else the tiles zeroed and the claim per K/V head */
+    return p->causal ? query_tiles64(p) : 2 * (size_t)p->B * fs_kv_heads(p);
 }
 
 int fs_sm90_bwd_t5_row(const fs_attn_params *p)

@@ -109,6 +109,38 @@ FS_DEV_T void bwd_dq_zeroed_wait(const fs_sm90_bwd_args &a, const sm90_bwd_block
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
+/* Causal (K::ZERO_TILES, launches with a.dq_zeroed, padded batches without seqlens): query tile t of head h of batch b
+ * zeroed by the first writer warp to claim it (flag 0 -> 1, a compare-and-swap), which zeroes its rows below Sq and
+ * then releases the flag as 2, while the others wait for the 2; whole warp, converged (lane: its lane). The writers
+ * claim each step's tile a step ahead, while the consumers compute, so neither the zeroing nor the wait is on their
+ * path. A claimer has started and waits on nothing before its release, so no writer waits on a CTA the hardware has
+ * not started. */
+template <class K>
+FS_DEV_T void bwd_dq_claim_tile(const fs_sm90_bwd_args &a, int b, int h, int t, int lane)
+{
+    const fs_attn_params &p = a.g.p;
+    int *flag = a.dq_zeroed + ((int64_t)b * p.H + h) * a.order_tiles + t;
+    int won = 0;
+    if (lane == 0) {
+        int seen;
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(flag) : "memory");
+        won = seen == 0 && atomicCAS(flag, 0, 1) == 0;
+        if (!won) { /* another writer's zeros, ordered before this one's reductions (the async proxy's) */
+            while (seen != 2) asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(flag) : "memory");
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+        }
+    }
+    if (!__shfl_sync(0xffffffffu, won, 0)) return;
+    float4 *rows = reinterpret_cast<float4 *>(a.dq_acc + (((int64_t)b * p.H + h) * p.Sq + t * K::BR) * p.D);
+    const int n = min(K::BR, p.Sq - t * K::BR) * p.D / 4;
+    for (int x = lane; x < n; x += 32) rows[x] = make_float4(0.f, 0.f, 0.f, 0.f);
+    __syncwarp(); /* every lane's stores before lane 0's release */
+    if (lane == 0) {
+        asm volatile("st.release.gpu.global.b32 [%0], 2;\n" ::"l"(flag) : "memory");
+        asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the zeros before this warp's reductions */
+    }
+}
+
 /* The dQ writer (K::STAGED) for block blk: per step and consumer warpgroup, once its share is staged, lane 0 adds the
  * share's boxes into the accumulator (rows at fs_bwd_row; a tile's rows past its head or sequence add zeros, rows past
  * the accumulator and columns past D are dropped) and frees the staging once the reductions have read it (but for the
@@ -124,6 +156,8 @@ FS_DEV_T void sm90_bwd_dq_writer_block(const sm90_bwd_shared<typename K::T> &sh,
     const fs_attn_params &p = a.g.p;
     const int head_rows = p.cu_seqlens_q ? p.total_q : p.Sq, last = blk.n_iter - 1;
     int row = (int)fs_bwd_row(p, blk.b, blk.hkv * p.kv_group, blk.seq.qo, blk.q_tile0 * K::BR), zeroed = 0;
+    const int h0 = blk.hkv * p.kv_group;
+    if (K::ZERO_TILES && a.dq_zeroed && blk.n_q > 0) bwd_dq_claim_tile<K>(a, blk.b, h0, blk.q_tile0, lane);
     for (int g = 0, it = 0; g < p.kv_group; g++, row += head_rows - blk.n_q * K::BR)
         for (int i = 0; i < blk.n_q; i++, it++, row += K::BR) {
             if (K::ZERO_AHEAD && a.dq_zeroed) {
@@ -137,6 +171,9 @@ FS_DEV_T void sm90_bwd_dq_writer_block(const sm90_bwd_shared<typename K::T> &sh,
                 __syncwarp();
                 if (K::PERSIST || it < last) bwd_dq_free(cw);
             }
+            if (K::ZERO_TILES && a.dq_zeroed && it < last) /* the next step's tile, claimed ahead */
+                bwd_dq_claim_tile<K>(a, blk.b, i + 1 < blk.n_q ? h0 + g : h0 + g + 1,
+                                     i + 1 < blk.n_q ? blk.q_tile0 + i + 1 : blk.q_tile0, lane);
             /* the last SM90_BWD_DQ_LAG steps' bulk groups (two a step, one a share) may still be pending, whose
              * completion a wait would put on the consumers' path; those before have completed */
             if (K::CONVERT && a.dq_done && lane == 0 && steps >= SM90_BWD_DQ_LAG)

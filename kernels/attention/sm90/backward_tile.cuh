@@ -88,6 +88,10 @@ template <int D_, typename T_, bool CAUSAL_, bool ORDERED_, bool T5_, bool DELTA
      * diagonal tile, which one warp zeroing the head tile by tile reached late (H200, bf16, D = 128 4 x 16 x 4096:
      * 1,460 -> 1,600 us; causal D = 80's wgmmas ptxas serialized, C7511, with the zeroing or with the writer's wait) */
     static constexpr bool ZERO_AHEAD = STAGED && !ORDERED_ && !PERSIST && !CAUSAL_;
+    /* ... and causal, where each query tile is zeroed by the first writer to claim it, a step ahead of its first add
+     * (bwd_dq_claim_tile; padded batches without seqlens, whose every tile some block reaches): the staged
+     * instantiations not ordered, but D = 80's own */
+    static constexpr bool ZERO_TILES = STAGED && !ORDERED_ && CAUSAL_ && D_ != 80;
     static constexpr int CONVERT_FLOATS = CONVERT ? 64 * 64 : 0;
 };
 
@@ -124,7 +128,9 @@ typedef struct {
                           * NULL: the post-pass converts the accumulator */
     int *dq_zeroed;      /* K::ZERO_AHEAD kernels that zero the accumulator themselves: per (batch, K/V head) the tiles
                           * of Br rows zeroed so far (the group's query heads in turn) and the claim of the zeroing,
-                          * 2 (b Hkv + hkv) + 0, 1; zeroed. NULL: the pre-pass zeroed the accumulator */
+                          * 2 (b Hkv + hkv) + 0, 1; K::ZERO_TILES: per (batch, query head, query tile of Br) its
+                          * flag (0, 1 claimed, 2 zeroed), (b H + h) order_tiles + tile; zeroed. NULL: the pre-pass
+                          * zeroed the accumulator */
     int dq_planes;       /* ordered runs on padded batches without seqlens: map_dq has a plane of Sq rows per (batch,
                           * query head), and each tile's first share in the order is stored (sm90_bwd_dq_writer_ordered),
                           * the accumulator not zeroed before */
