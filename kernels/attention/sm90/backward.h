@@ -50,8 +50,8 @@ int fs_sm90_backward_converts(const fs_attn_bwd_params *g, int rotary);
 size_t fs_sm90_dq_done_ints(const fs_attn_params *p);
 /* Whether the kernel (which covers g) needs no zeroed dQ accumulator from the pre-pass: its non-causal instantiations
  * that stage dQ and run one CTA per block (not D = 64 without the T5 bias, which runs persistent; not D = 80's own,
- * which adds by atomics) zero it themselves ahead of their adds, on padded batches; causal ones (not D = 80's own)
- * zero each query tile by its first writer, on padded batches without seqlens; deterministic runs on padded batches
+ * which adds by atomics) zero it themselves ahead of their adds, on padded batches; causal ones at D = 96-128 zero
+ * each query tile by its first writer, on padded batches without seqlens; deterministic runs on padded batches
  * without seqlens store each tile's first share rather than add it; and the counters and flags the zeroing takes
  * (w->dq_zeroed, also the sign that the pre-pass left the accumulator). */
 int fs_sm90_backward_zeroes(const fs_attn_bwd_params *g);

@@ -38,7 +38,7 @@ int fs_sm90_backward_zeroes(const fs_attn_bwd_params *g)
     const int dim = sm90_kernel_dim(p->D), t5 = p->t5_table != NULL;
     const int persistent = dim == 64 && !p->causal && !t5, d80 = p->D == 80 && !t5; /* D = 80's own kernel */
     if (g->deterministic) return !p->cu_seqlens_q && !p->seqlens; /* the tiles' first shares stored */
-    if (p->causal) return !p->cu_seqlens_q && !p->seqlens && !d80; /* each tile by its first writer */
+    if (p->causal) return dim == 128 && !p->cu_seqlens_q && !p->seqlens && !d80; /* each tile by its first writer */
     return !p->cu_seqlens_q && !persistent && !d80;
 }
 

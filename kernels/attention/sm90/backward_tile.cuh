@@ -88,10 +88,12 @@ template <int D_, typename T_, bool CAUSAL_, bool ORDERED_, bool T5_, bool DELTA
      * diagonal tile, which one warp zeroing the head tile by tile reached late (H200, bf16, D = 128 4 x 16 x 4096:
      * 1,460 -> 1,600 us; causal D = 80's wgmmas ptxas serialized, C7511, with the zeroing or with the writer's wait) */
     static constexpr bool ZERO_AHEAD = STAGED && !ORDERED_ && !PERSIST && !CAUSAL_;
-    /* ... and causal, where each query tile is zeroed by the first writer to claim it, a step ahead of its first add
-     * (bwd_dq_claim_tile; padded batches without seqlens, whose every tile some block reaches): the staged
-     * instantiations not ordered, but D = 80's own */
-    static constexpr bool ZERO_TILES = STAGED && !ORDERED_ && CAUSAL_ && D_ != 80;
+    /* ... and causal at D = 128, where each query tile is zeroed by the first writer to claim it, a step ahead of its
+     * first add (bwd_dq_claim_tile; padded batches without seqlens, whose every tile some block reaches). Causal D = 64
+     * (Br = 128, about half the step time) ran 5-7% slower with it from 4,096 tokens (H200, bf16: the writer's claim,
+     * a load and often a compare-and-swap to L2, between a step's adds and the next share: 393 / 421 TF/s against 415
+     * / 454 at 4,096 / 8,192), 1,024 tokens unchanged */
+    static constexpr bool ZERO_TILES = STAGED && !ORDERED_ && CAUSAL_ && D_ == 128;
     static constexpr int CONVERT_FLOATS = CONVERT ? 64 * 64 : 0;
 };
 
