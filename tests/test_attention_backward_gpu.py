@@ -283,8 +283,8 @@ def test_key_padding_mask_and_seqlens(d, dtype):
 def test_accumulator_not_zeroed_before(dtype):
     """dQ's float32 accumulator lives in a workspace kept across calls; on Hopper the non-causal one-CTA-per-block
     kernels on padded batches (D = 96-128, the T5 bias) zero it themselves ahead of their adds instead of the pre-pass,
-    causal ones at D = 96-128 each query tile by its first writer, and deterministic runs on padded batches without seqlens store
-    each query tile's first share. Before each case a call with large gradients leaves large sums there; then partial
+    causal ones at D = 96-128 each query tile by its first writer, and deterministic runs on padded batches without
+    seqlens store each query tile's first share. Before each case a call with large gradients leaves large sums there; then partial
     last query tiles, more key blocks than SMs with grouped K/V, seqlens with an empty and a one-token sequence (rows
     past them zero), the T5 bias; causal with Sq != Sk and grouped heads; deterministic causal and not, Sq != Sk,
     D = 64, 80 and 128."""

@@ -46,9 +46,9 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
     const long long per_head = (8LL * p->Sq * p->kv_group + 4LL * p->Sk) * D, fit = (24LL << 20) / per_head;
     a.section = fit < 1 ? 1 : fit < (long long)hkv * p->B ? (int)fit : hkv * p->B;
     /* the dispatcher's pre-pass left the accumulator to the kernel where it passes dq_zeroed (fs_sm90_backward_zeroes):
-     * the kernel zeroes it (ZERO_AHEAD, ZERO_TILES) or, ordered on padded batches without seqlens, every tile's first share is
-     * stored (a.dq_planes: its rows past Sq in no other head's); an instantiation that does neither, packed rows or no
-     * blocks have it zeroed here (the delta pass writes no dQ) */
+     * the kernel zeroes it (ZERO_AHEAD, ZERO_TILES) or, ordered on padded batches without seqlens, every tile's first
+     * share is stored (a.dq_planes: its rows past Sq in no other head's); an instantiation that does neither, packed
+     * rows or no blocks have it zeroed here (the delta pass writes no dQ) */
     const bool zero_ahead = (config::ZERO_AHEAD && !p->cu_seqlens_q && blocks > 0) ||
                             (config::ZERO_TILES && !p->cu_seqlens_q && !p->seqlens && blocks > 0);
     const bool planes = ORDERED && !DELTA && !p->cu_seqlens_q && !p->seqlens && blocks > 0;
