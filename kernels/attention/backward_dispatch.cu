@@ -9,7 +9,8 @@
  * bytes), plus (padded head dims) q, k, v, dO, dk and dv at Dp, plus (deterministic runs on Hopper) 8 bytes per
  * (batch, head, 64 queries) for the counters that order dQ's adds, and 16 for the one the CTAs take blocks from, plus
  * (Hopper runs whose kernel converts dQ itself) 4 bytes per (batch, head, 64 queries) for its tile counters, plus
- * (Hopper runs whose kernel zeroes dQ's accumulator itself) 8 bytes per (batch, K/V head). */
+ * (Hopper runs whose kernel zeroes dQ's accumulator itself) 8 bytes per (batch, K/V head), causal 4 per (batch, head,
+ * 64 queries). */
 #include "attention/head_copy.h"
 #include "attention/launchers.h"
 #include "attention/sm80/backward.h"

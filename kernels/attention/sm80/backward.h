@@ -23,8 +23,8 @@ typedef struct {
     int sm90;          /* the Hopper main kernel may run (an sm_90 device, not forced to the portable one) */
     int *dq_order;     /* deterministic runs on the Hopper kernel: its dQ counters (fs_sm90_order_ints), or NULL */
     int *dq_done;      /* runs whose Hopper kernel converts dQ itself: its tile counters (fs_sm90_dq_done_ints), or NULL */
-    int *dq_zeroed;    /* runs whose Hopper kernel zeroes dQ's accumulator itself: its counters (fs_sm90_dq_zeroed_ints,
-                        * after dq_done's), or NULL */
+    int *dq_zeroed;    /* runs whose Hopper kernel needs no zeroed accumulator: its counters and flags
+                        * (fs_sm90_dq_zeroed_ints, after dq_done's), or NULL */
 } fs_bwd_work;
 
 /* Delta = rowsum(dO o O) (zeros where a delta pass follows: g->dbias, g->dtable) and dQ's accumulator (rows of acc_d

@@ -21,8 +21,8 @@ typedef struct {
     float *t5_part;     /* the T5 gradient's sums by relative position per (b, h, key block), or NULL */
     int *dq_done;       /* where the kernel converts dQ into g->dq itself (fs_sm90_backward_converts):
                          * fs_sm90_dq_done_ints(g) zeroed ints; else NULL (the post-pass converts) */
-    int *dq_zeroed;     /* where the kernel zeroes dq_acc itself (fs_sm90_backward_zeroes): fs_sm90_dq_zeroed_ints(g)
-                         * zeroed ints, dq_acc not zeroed; else NULL (dq_acc zeroed) */
+    int *dq_zeroed;     /* where the kernel needs dq_acc unzeroed (fs_sm90_backward_zeroes): fs_sm90_dq_zeroed_ints(g)
+                         * zeroed ints for the zeroing's counts and flags, dq_acc not zeroed; else NULL (zeroed) */
 } fs_sm90_bwd_work;
 
 /* Whether the Hopper backward takes g (the kernels' view: q and k as read, rotary off; rotary: the forward rotated them

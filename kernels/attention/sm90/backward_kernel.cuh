@@ -4,10 +4,11 @@
  * (backward_mainloop.cuh: 64 keys each; dV, dK in registers, dQ into the float32 accumulator); warp 1 of warpgroup 0
  * adds the consumers' staged dQ by TMA reductions, in deterministic runs its warps 1 and 2 in order of key block,
  * and where the kernel converts dQ itself its warps 2 and 3 count each query tile's completed adds and convert
- * the tiles the CTA's key blocks own, where it zeroes the accumulator itself its warp 2 zeroes the rows of the heads
- * whose first key block it runs (backward_dq.cuh); the consumers store dV, dK (backward_epilogue.cuh). The passes
- * around it are the portable backward's (Delta, and the zeroed accumulator where the kernel does not zero it, before;
- * dQ's conversion after where the kernel does not convert it).
+ * the tiles the CTA's key blocks own; where the kernel zeroes the accumulator itself, warp 2 zeroes the rows of a
+ * head whose zeroing it claimed first (non-causal) or the writer each query tile it claimed first (causal)
+ * (backward_dq.cuh); the consumers store dV, dK (backward_epilogue.cuh). The passes around it are the portable
+ * backward's (Delta, and the zeroed accumulator where the kernel neither zeroes it nor stores each tile's first share,
+ * before; dQ's conversion after where the kernel does not convert it).
  * Design and measurements: docs/notes/attention_backward_sm90.md. */
 #ifndef FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH
 #define FLASHSCI_ATTENTION_SM90_BACKWARD_KERNEL_CUH
