@@ -284,10 +284,10 @@ def test_accumulator_not_zeroed_before(dtype):
     """dQ's float32 accumulator lives in a workspace kept across calls; on Hopper the non-causal one-CTA-per-block
     kernels on padded batches (D = 96-128, the T5 bias) zero it themselves ahead of their adds instead of the pre-pass,
     causal ones at D = 96-128 each query tile by its first writer, and deterministic runs on padded batches without
-    seqlens store each query tile's first share. Before each case a call with large gradients leaves large sums there; then partial
-    last query tiles, more key blocks than SMs with grouped K/V, seqlens with an empty and a one-token sequence (rows
-    past them zero), the T5 bias; causal with Sq != Sk and grouped heads; deterministic causal and not, Sq != Sk,
-    D = 64, 80 and 128."""
+    seqlens store each query tile's first share. Before each case a call with large gradients leaves large sums there;
+    then partial last query tiles, more key blocks than SMs with grouped K/V, seqlens with an empty and a one-token
+    sequence (rows past them zero), the T5 bias; causal with Sq != Sk and grouped heads; deterministic causal and not,
+    Sq != Sk, D = 64, 80 and 128."""
     big = rand(2, 8, 700, 128, dtype=dtype)
     out, lse = flashsci.attention(big, big, big, return_lse=True)
     stale = lambda: flashsci.attention_backward(big * 1e3, big, big, big, out, lse)
