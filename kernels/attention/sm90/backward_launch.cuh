@@ -49,12 +49,12 @@ static cudaError_t bwd90_launch(const fs_attn_bwd_params *g, const fs_sm90_bwd_w
      * the kernel zeroes it (ZERO_AHEAD, ZERO_TILES) or, ordered on padded batches without seqlens, every tile's first
      * share is stored (a.dq_planes: its rows past Sq in no other head's); an instantiation that does neither, packed
      * rows or no blocks have it zeroed here (the delta pass writes no dQ) */
-    const bool zero_ahead = (config::ZERO_AHEAD && !p->cu_seqlens_q && blocks > 0) ||
-                            (config::ZERO_TILES && !p->cu_seqlens_q && !p->seqlens && blocks > 0);
-    const bool planes = ORDERED && !DELTA && !p->cu_seqlens_q && !p->seqlens && blocks > 0;
-    a.dq_zeroed = zero_ahead ? w->dq_zeroed : NULL;
+    const bool padded = !p->cu_seqlens_q && blocks > 0;
+    const bool zeroes = padded && (config::ZERO_AHEAD || (config::ZERO_TILES && !p->seqlens));
+    const bool planes = padded && ORDERED && !DELTA && !p->seqlens;
+    a.dq_zeroed = zeroes ? w->dq_zeroed : NULL;
     a.dq_planes = planes;
-    if (w->dq_zeroed && !zero_ahead && !planes && !DELTA) {
+    if (w->dq_zeroed && !zeroes && !planes && !DELTA) {
         const int64_t rows = (int64_t)p->H * (p->cu_seqlens_q ? p->total_q : (int64_t)p->B * p->Sq);
         const cudaError_t zerr = cudaMemsetAsync(w->dq_acc, 0, 4 * (size_t)rows * p->D, stream);
         if (zerr != cudaSuccess) return zerr;

@@ -84,9 +84,10 @@ template <int D_, typename T_, bool CAUSAL_, bool ORDERED_, bool T5_, bool DELTA
      * of a head to claim it zeroes the head's rows tile by tile while the products run, and the writer waits for a
      * tile's zeros before its first reduction into it (sm90_bwd_dq_zero), so no pass writes the accumulator before the
      * kernel. The instantiations whose warp 2 is idle (staged, not ordered: warps 1 and 2 write, not persistent: warp 2
-     * counts) and non-causal: a head's blocks all start at its first tile, as the zeroing does. Causal blocks start at their
-     * diagonal tile, which one warp zeroing the head tile by tile reached late (H200, bf16, D = 128 4 x 16 x 4096:
-     * 1,460 -> 1,600 us; causal D = 80's wgmmas ptxas serialized, C7511, with the zeroing or with the writer's wait) */
+     * counts) and non-causal: a head's blocks all start at its first tile, as the zeroing does. Causal blocks start at
+     * their diagonal tile, which one warp zeroing the head tile by tile reached late (H200, bf16, D = 128 4 x 16 x
+     * 4096: 1,460 -> 1,600 us; causal D = 80's wgmmas ptxas serialized, C7511, with the zeroing or with the writer's
+     * wait) */
     static constexpr bool ZERO_AHEAD = STAGED && !ORDERED_ && !PERSIST && !CAUSAL_;
     /* ... and causal at D = 128, where each query tile is zeroed by the first writer to claim it, a step ahead of its
      * first add (bwd_dq_claim_tile; padded batches without seqlens, whose every tile some block reaches). Causal D = 64
