@@ -1,8 +1,8 @@
 """Hopper attention backward, quick look: flashsci's backward against cuDNN's (SDPA) on a few shapes, TF/s and ratio
 in pairs of turns; with --one N, a single flashsci backward of shape N of SHAPES (for ncu; with --cudnn, SDPA's cuDNN
-backward instead); with --sm80, the portable kernel forced, against SDPA's FlashAttention-2 backward; --shape
-B,H,S,D[,c] (repeatable) instead of SHAPES.
-   python3 benchmarks/experiments/backward_sm90_quick.py [--one N [--cudnn]] [--sm80] [--shape 2,8,4096,256,c]"""
+backward instead, with --flash SDPA's FlashAttention-2 backward); with --sm80, the portable kernel forced, against SDPA's
+FlashAttention-2 backward; --shape B,H,S,D[,c] (repeatable) instead of SHAPES.
+   python3 benchmarks/experiments/backward_sm90_quick.py [--one N [--cudnn | --flash]] [--sm80] [--shape 2,8,4096,256,c]"""
 import sys
 
 import torch
@@ -17,21 +17,23 @@ SHAPES = [(16, 32, 1024, 64, False), (16, 32, 1024, 64, True), (4, 32, 4096, 64,
 
 def main():
     from torch.nn.attention import SDPBackend
+    sm80 = "--sm80" in sys.argv
+    if sm80:
+        flashsci._flashsci._set_attention_kernel("sm80")
     if "--one" in sys.argv:
         b, h, s, d, causal = SHAPES[int(sys.argv[sys.argv.index("--one") + 1])]
-        if "--cudnn" in sys.argv:
-            sets = backward_sets(torch, b, h, s, d, torch.bfloat16, causal, {"cudnn": SDPBackend.CUDNN_ATTENTION}, 1)
-            torch_backward(torch, "cudnn")(*sets[0])
+        peer = next((name for name in ("cudnn", "flash") if "--" + name in sys.argv), None)
+        if peer:
+            backend = SDPBackend.CUDNN_ATTENTION if peer == "cudnn" else SDPBackend.FLASH_ATTENTION
+            sets = backward_sets(torch, b, h, s, d, torch.bfloat16, causal, {peer: backend}, 1)
+            torch_backward(torch, peer)(*sets[0])
         else:
             q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
             out, lse = flashsci.attention(q, k, v, causal=causal, return_lse=True)
             flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal)
         torch.cuda.synchronize()
         return
-    sm80 = "--sm80" in sys.argv
     peer, backend = ("flash", SDPBackend.FLASH_ATTENTION) if sm80 else ("cudnn", SDPBackend.CUDNN_ATTENTION)
-    if sm80:
-        flashsci._flashsci._set_attention_kernel("sm80")
     print(torch.cuda.get_device_name(), "portable kernel forced" if sm80 else "")
     shapes = [tuple(int(x) for x in a.split(",")[:4]) + (a.endswith(",c"),)
               for i, a in enumerate(sys.argv) if sys.argv[i - 1] == "--shape"] or SHAPES

@@ -91,6 +91,16 @@ FS_DEV void ldmatrix_x4_trans(uint32_t addr, uint32_t r[4])
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+/* Four 8x8 b16 matrices to shared memory (sm_90+): lane l gives the row address of matrix l / 8, and r[i] holds its
+ * pair of matrix i (row l / 4, columns 2 (l % 4), + 1): the m16n8 accumulator layout, packed. */
+FS_DEV void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3)
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
+                 "r"(r3) : "memory");
+}
+#endif
+
 /* C += A B for one m16n8k16 tile (A row-major 16x16, B column-major 16x8, C fp32). */
 template <typename T> FS_DEV_T void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
 template <> FS_DEV_T void mma16816<__half>(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)

@@ -32,13 +32,6 @@ FS_DEV void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" :
 template <int N> FS_DEV_T void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 /* generic-proxy shared-memory writes (cp.async, st.shared) made visible to the async proxy (wgmma, TMA stores) */
 FS_DEV void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-/* Four 8x8 b16 matrices to shared memory: lane l gives the row address of matrix l / 8, and r[i] holds its pair of
- * matrix i (row l / 4, columns 2 (l % 4), + 1): the m16n8 accumulator layout, packed. */
-FS_DEV void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3)
-{
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
-                 "r"(r3) : "memory");
-}
 /* A warpgroup's m64 accumulator (8 NO columns: x[4 n + 2 r + c] is row 16 warp + gr + 8 r, column 8 n + 2 t4 + c),
  * times mul[r], as T into a tile of 128-byte rows in 64-column halves half_bytes apart at tile, 128-byte swizzle
  * (16-byte chunk k of row y at k ^ (y % 8)). Column groups n, n + 1 by one stmatrix: matrix i = lane / 8 holds rows

@@ -37,21 +37,18 @@
 #include "common/cuda_ptx.cuh"
 
 /* ---- tile configuration, one place: warps, Br query rows per step, G warps per group of 32 keys (each taking 1/G of
- * the queries for S and dP, 1/G of the head dim for dV and dK: Bc = 32 WARPS / G), and whether dV's and dK's products
- * take the warp's own k16 steps first (mma_part_b; at D = 128 that order measured 4% slower, its registers spilling in
- * the loop) ---- */
-template <int W, int R, int G_, bool OWN_FIRST_> struct fs_bwd_cfg {
+ * the queries for S and dP, 1/G of the head dim for dV and dK: Bc = 32 WARPS / G) ---- */
+template <int W, int R, int G_> struct fs_bwd_cfg {
     enum { WARPS = W, BR = R, G = G_, BC = 32 * W / G_, THREADS = 32 * W, MT = 2 /* m16 key tiles per warp */ };
-    static constexpr bool OWN_FIRST = OWN_FIRST_;
 };
 template <int D> struct fs_bwd_tile;
-/*                                     WARPS BR  G  OWN_FIRST */
-template <> struct fs_bwd_tile<32>  : fs_bwd_cfg<8, 64, 2, true> {};
-template <> struct fs_bwd_tile<64>  : fs_bwd_cfg<8, 64, 2, true> {};
-template <> struct fs_bwd_tile<96>  : fs_bwd_cfg<8, 64, 2, true> {};
-template <> struct fs_bwd_tile<128> : fs_bwd_cfg<8, 64, 2, false> {};
+/*                                     WARPS BR  G */
+template <> struct fs_bwd_tile<32>  : fs_bwd_cfg<8, 64, 2> {};
+template <> struct fs_bwd_tile<64>  : fs_bwd_cfg<8, 64, 2> {};
+template <> struct fs_bwd_tile<96>  : fs_bwd_cfg<8, 64, 2> {};
+template <> struct fs_bwd_tile<128> : fs_bwd_cfg<8, 64, 2> {};
 /* D = 256: G = 4, as dV + dK of 32 keys x D/2 would take 256 registers */
-template <> struct fs_bwd_tile<256> : fs_bwd_cfg<8, 64, 4, true> {};
+template <> struct fs_bwd_tile<256> : fs_bwd_cfg<8, 64, 4> {};
 
 /* Shared memory of the main kernel (byte offsets): K, V, P^T, dS^T, two buffers of L and D, then `stages` buffers of
  * Q and of dO, then the T5 table. */
@@ -137,29 +134,26 @@ template <typename T> FS_DEV_T void pack_a(const float (&x0)[4], const float (&x
 
 /* acc[16 MT x 8N] += A[16 MT x 16 KS] B for the dV / dK shape: A = this group's P^T or dS^T (keys x queries), the
  * k16 steps of this warp's own part of the queries (part KS / G ..) from its registers (mine: [mt][KS / G][4]), the
- * others' from the swizzled tile sA (a_off: lane offsets of the group's rows; OWN_FIRST: other_off, the lane offsets of
- * the others' steps in the order taken); B from the swizzled rows 0.. of a (queries x head dim) tile, transposed loads,
- * one lane offset per x4 load of this warp's columns (t_off). OWN_FIRST: the own steps first, so which steps load A
- * is known at compile time and the loads may be issued ahead of the products before them; else in order. */
-template <int MT, int KS, int G, int N, int PA, int PB, bool OWN_FIRST, typename T>
+ * others' from the swizzled tile sA (other_off: their lane offsets in the order taken); B from the swizzled rows 0.. of
+ * a (queries x head dim) tile, transposed loads, one lane offset per x4 load of this warp's columns (t_off). The own
+ * steps come first, so which steps load A is known at compile time and the loads may be issued ahead of the products
+ * before them (taken in order, a step's A came from registers or shared memory by a test of the warp's part). */
+template <int MT, int KS, int G, int N, int PA, int PB, typename T>
 FS_DEV_T void mma_part_b(float (&acc)[MT][N][4], const uint32_t (&mine)[MT][KS / G][4], int part, uint32_t sA,
-                         const int (&a_off)[4], const int (&other_off)[KS - KS / G], uint32_t sB,
-                         const int (&t_off)[N / 2])
+                         const int (&other_off)[KS - KS / G], uint32_t sB, const int (&t_off)[N / 2])
 {
     static_assert((KS & (KS - 1)) == 0, "k16 steps wrap by a mask");
 #pragma unroll
     for (int j = 0; j < KS; j++) {
-        const int kk = OWN_FIRST ? (j + part * (KS / G)) & (KS - 1) : j;
-        const bool own = OWN_FIRST ? j < KS / G : kk / (KS / G) == part;
+        const int kk = (j + part * (KS / G)) & (KS - 1);
         uint32_t af[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            if (own) {
+            if (j < KS / G) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) af[mt][e] = mine[mt][OWN_FIRST ? j : kk % (KS / G)][e];
+                for (int e = 0; e < 4; e++) af[mt][e] = mine[mt][j][e];
             } else {
-                const int off = OWN_FIRST ? other_off[j - KS / G] : a_off[kk & 3] + 64 * (kk >> 2);
-                ldmatrix_x4(sA + 2 * (off + mt * 16 * PA), af[mt]);
+                ldmatrix_x4(sA + 2 * (other_off[j - KS / G] + mt * 16 * PA), af[mt]);
             }
         }
 #pragma unroll
@@ -213,9 +207,12 @@ FS_DEV void bwd_t5_table(const fs_bwd_args &a, float *s_t5, int h, int tid, int 
     }
 }
 
-template <int D, typename T, bool FEAT>
+/* FEAT: the protein options (packed sequences, seqlens, masks, biases, rotary); MASK: scores may be masked (causal, the
+ * key padding mask), tested per score (a non-causal plain run's steps compared every score's query and key). */
+template <int D, typename T, bool FEAT, bool MASK>
 __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(const fs_bwd_args a)
 {
+    static_assert(MASK || !FEAT, "the protein options' kernel tests the key padding mask");
     using tile = fs_bwd_tile<D>;
     using sm = fs_bwd_smem<D, T>;
     constexpr int WARPS = tile::WARPS, BR = tile::BR, BC = tile::BC, THREADS = tile::THREADS, MT = tile::MT, G = tile::G;
@@ -268,10 +265,11 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
     }
     const int n_iter = p.kv_group * n_qb; /* (head of the group, query tile) steps, head outer */
 
-    /* issue step it's Q_i, dO_i, L_i, D_i into its buffers (the cp.async group is committed regardless) */
-    auto load_step = [&](int it) {
+    /* issue step it's Q_i, dO_i, L_i, D_i (head hi of the group, query tile qi) into its buffers (the cp.async group is
+     * committed regardless) */
+    auto load_step = [&](int it, int hi, int qi) {
         if (it < n_iter) {
-            const int h = hkv * p.kv_group + it / n_qb, q0 = q_begin + it % n_qb * BR, rows = min(BR, seq.q_len - q0);
+            const int h = hkv * p.kv_group + hi, q0 = q_begin + qi * BR, rows = min(BR, seq.q_len - q0);
             const int buf = a.stages == 2 ? it & 1 : 0;
             const T *gQ = static_cast<const T *>(p.q) + b * p.q_sb + h * p.q_sh + (seq.qo + q0) * p.q_ss;
             const T *gdO = static_cast<const T *>(g.dout) + b * g.do_sb + h * g.do_sh + (seq.qo + q0) * g.do_ss;
@@ -288,7 +286,7 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
         }
         cp_async_commit();
     };
-    if (a.stages == 2) load_step(0);
+    if (a.stages == 2) load_step(0, 0, 0);
 
     float acc_dv[MT][NOH][4], acc_dk[MT][NOH][4]; /* the group's 32 keys x this warp's part of the head dim */
 #pragma unroll
@@ -301,12 +299,11 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
     const int qg = warp % QG, dpart = warp / QG; /* this warp's share of dQ_i */
     const int l7 = lane & 7, mi = lane >> 3;
     constexpr int KQ = BR / 16, KOWN = KQ / G; /* k16 steps over a tile's queries, of them this warp's own */
-    int a_off[4], b_off[4], pa_off[4], po_off[KQ - KOWN], t_off[NOH / 2], k_off[NDQ / 2];
+    int a_off[4], b_off[4], po_off[KQ - KOWN], t_off[NOH / 2], k_off[NDQ / 2];
     lane_offsets<P>(a_off, group * 32 + (lane & 15), lane >> 4);          /* K_j, V_j rows of the group (A) */
     lane_offsets<P>(b_off, part * (BR / G) + l7 + (mi >> 1) * 8, mi & 1); /* this warp's part of Q_i, dO_i as B^T */
-    lane_offsets<PS>(pa_off, group * 32 + (lane & 15), lane >> 4);        /* P^T, dS^T rows of the group (A) */
 #pragma unroll
-    for (int j = 0; j < KQ - KOWN; j++) /* ... the others' k16 steps in OWN_FIRST order (mma_part_b) */
+    for (int j = 0; j < KQ - KOWN; j++) /* P^T, dS^T rows of the group (A): others' k16 steps, mma_part_b's order */
         po_off[j] = chunk_off<PS>(group * 32 + (lane & 15), 2 * ((part * KOWN + KOWN + j) % KQ) + (lane >> 4));
 #pragma unroll
     for (int np = 0; np < NOH / 2; np++) /* Q_i, dO_i as B (transposed loads): this warp's part of the head dim */
@@ -317,20 +314,22 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
     /* dS^T as A of dQ (transposed loads): keys l7 + 8 (mi >> 1), query chunk 2 qg + (mi & 1) */
     const int ds_off = chunk_off<PS>(l7 + (mi >> 1) * 8, 2 * qg + (mi & 1));
 
-    for (int it = 0; it < n_iter; it++) {
-        const int hi = it / n_qb, h = hkv * p.kv_group + hi, q0 = q_begin + it % n_qb * BR;
+    /* steps run head hi (outer) by query tile qi, counted rather than divided out of it */
+    for (int it = 0, hi = 0, qi = 0; it < n_iter; it++) {
+        const int h = hkv * p.kv_group + hi, q0 = q_begin + qi * BR;
+        const int qn = qi + 1 == n_qb ? 0 : qi + 1, hn = qn == 0 ? hi + 1 : hi; /* step it + 1 */
         const int buf = a.stages == 2 ? it & 1 : 0;
         if (a.stages == 2) {
             cp_async_wait<0>();
             __syncthreads(); /* step it has landed; every warp is done with step it - 1 (its buffers, P^T, dS^T, T5) */
-            load_step(it + 1);
+            load_step(it + 1, hn, qn);
         } else {
             __syncthreads(); /* every warp is done with step it - 1 */
-            load_step(it);
+            load_step(it, hi, qi);
             cp_async_wait<0>();
             __syncthreads();
         }
-        if (FEAT && p.t5_table && it % n_qb == 0) { /* this head's T5 bias */
+        if (FEAT && p.t5_table && qi == 0) { /* this head's T5 bias */
             bwd_t5_table(a, s_t5, h, tid, THREADS);
             __syncthreads();
         }
@@ -367,7 +366,7 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
 #pragma unroll
                         for (int r = 0; r < 2; r++) {
                             const int key = key0 + 16 * mt + 8 * r;
-                            const bool masked = (diag && query < key) || !kept[mt][r];
+                            const bool masked = MASK && ((diag && query < key) || !kept[mt][r]);
                             const float pv = bwd_prob<decltype(additive)::value>(a, seq, s_t5, b, h, query, key,
                                                                                  s[mt][n][2 * r + c], lse2, masked);
                             s[mt][n][2 * r + c] = pv;
@@ -385,7 +384,20 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
                 pack_a<T>(s[mt][2 * kk], s[mt][2 * kk + 1], pa[mt][kk]);
                 pack_a<T>(dp[mt][2 * kk], dp[mt][2 * kk + 1], da[mt][kk]);
             }
-        /* to shared memory for the group's other warps (P^T, dS^T) and for dQ (dS^T): e = (row half e & 1, n8 tile e / 2) */
+        /* to shared memory for the group's other warps (P^T, dS^T) and for dQ (dS^T). sm_90: an m16 x k16 fragment by
+         * one stmatrix (matrix m = lane / 8: rows 8 (m & 1) .., chunk m / 2 of the k16 step; 4x fewer store
+         * instructions than 32-bit stores: D = 128 3-4% faster, causal D = 64 5%); else e = (row half e & 1, n8 tile e / 2) */
+#if __CUDA_ARCH__ >= 900
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int kk = 0; kk < NH / 2; kk++) {
+                const int m = lane >> 3;
+                const int off = chunk_off<PS>(group * 32 + 16 * mt + 8 * (m & 1) + l7, part * (BR / G) / 8 + 2 * kk + (m >> 1));
+                stmatrix_x4(sPT_a + 2 * off, pa[mt][kk][0], pa[mt][kk][1], pa[mt][kk][2], pa[mt][kk][3]);
+                stmatrix_x4(sdS_a + 2 * off, da[mt][kk][0], da[mt][kk][1], da[mt][kk][2], da[mt][kk][3]);
+            }
+#else
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -396,11 +408,12 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
                     *reinterpret_cast<uint32_t *>(sPT + off) = pa[mt][kk][e];
                     *reinterpret_cast<uint32_t *>(sdS + off) = da[mt][kk][e];
                 }
+#endif
         __syncthreads(); /* P^T and dS^T complete */
 
         /* dV_j += P^T dO_i and dK_j += dS^T Q_i: the group's keys x this warp's part of the head dim, all Br queries */
-        mma_part_b<MT, KQ, G, NOH, PS, P, tile::OWN_FIRST, T>(acc_dv, pa, part, sPT_a, pa_off, po_off, sdO_a, t_off);
-        mma_part_b<MT, KQ, G, NOH, PS, P, tile::OWN_FIRST, T>(acc_dk, da, part, sdS_a, pa_off, po_off, sQ_a, t_off);
+        mma_part_b<MT, KQ, G, NOH, PS, P, T>(acc_dv, pa, part, sPT_a, po_off, sdO_a, t_off);
+        mma_part_b<MT, KQ, G, NOH, PS, P, T>(acc_dk, da, part, sdS_a, po_off, sQ_a, t_off);
 
         /* dQ_i += dS K_j: this warp's 16 query rows x NDQ n8 tiles, A = dS from dS^T (transposed loads); deterministic
          * runs leave dQ to its own kernel (backward_dq.cuh) */
@@ -431,19 +444,19 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
                 for (int n = 0; n < NDQ; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) dq[n][e] += dq2[n][e];
+            /* rows i and i + 8; n8 groups 2m and 2m + 1 side by side in the accumulator's row (fs_dq_slot) */
+            const int i = q0 + qg * 16 + gr;
+            float *dst = a.dq_acc + fs_bwd_row(p, b, h, seq.qo, i) * D + dpart * NDQ * 8 + 4 * t4;
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int i = q0 + qg * 16 + gr + 8 * r;
-                if (i < seq.q_len) {
-                    /* n8 groups 2m and 2m + 1 side by side in the accumulator's row (fs_dq_slot) */
-                    float *dst = a.dq_acc + fs_bwd_row(p, b, h, seq.qo, i) * D + dpart * NDQ * 8 + 4 * t4;
+            for (int r = 0; r < 2; r++)
+                if (i + 8 * r < seq.q_len)
 #pragma unroll
                     for (int m = 0; m < NDQ / 2; m++)
-                        atomic_add4(dst + 16 * m, dq[2 * m][2 * r], dq[2 * m][2 * r + 1], dq[2 * m + 1][2 * r],
-                                    dq[2 * m + 1][2 * r + 1]);
-                }
-            }
+                        atomic_add4(dst + 8 * r * D + 16 * m, dq[2 * m][2 * r], dq[2 * m][2 * r + 1],
+                                    dq[2 * m + 1][2 * r], dq[2 * m + 1][2 * r + 1]);
         }
+        hi = hn;
+        qi = qn;
     }
     cp_async_wait<0>();
 

@@ -12,8 +12,9 @@
 /* Launch the main kernel for head dim D (one block per key block, K/V head and batch, key block fastest: causal runs
  * start with the key blocks that see the most queries), then for deterministic runs and the T5 gradient the dQ kernel
  * (one block per query block, head and batch), then for bias_grad the dbias kernel (one block per tile of the bias's
- * index space). FEAT: the kernels with the protein options. */
-template <int D, typename T, bool FEAT>
+ * index space). FEAT: the kernels with the protein options; MASK: those that test each score's mask (causal, the key
+ * padding mask; a plain non-causal run's kernel compares no query with a key). */
+template <int D, typename T, bool FEAT, bool MASK>
 static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
 {
     using tile = fs_bwd_tile<D>;
@@ -57,7 +58,7 @@ static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w,
         if (err != cudaSuccess) return err;
     }
     if (blocks > 0) {
-        err = fs_kernel_prepare((const void *)attention_bwd_sm80<D, T, FEAT>, &main_handle,
+        err = fs_kernel_prepare((const void *)attention_bwd_sm80<D, T, FEAT, MASK>, &main_handle,
                                 fs_bwd_smem<D, T>::bytes(2, FS_CUDA_T5_MAX), device);
         if (err == cudaSuccess) err = fs_launch(&main_handle, device, (unsigned)blocks, tile::THREADS, smem, stream, args);
         if (err != cudaSuccess) return err;
@@ -89,7 +90,8 @@ static cudaError_t bwd_launch_d(const fs_attn_bwd_params *g, const fs_bwd_work *
 {
     const fs_attn_params *p = &g->p;
     const bool feat = p->cu_seqlens_q || p->seqlens || p->kpm || p->bias || p->t5_table || w->rotary;
-    return feat ? bwd_launch<D, T, true>(g, w, device, stream) : bwd_launch<D, T, false>(g, w, device, stream);
+    if (feat) return bwd_launch<D, T, true, true>(g, w, device, stream);
+    return p->causal ? bwd_launch<D, T, false, true>(g, w, device, stream) : bwd_launch<D, T, false, false>(g, w, device, stream);
 }
 
 template <typename T>
