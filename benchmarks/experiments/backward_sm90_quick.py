@@ -1,8 +1,8 @@
 """Hopper attention backward, quick look: flashsci's backward against cuDNN's (SDPA) on a few shapes, TF/s and ratio
-in pairs of turns; with --one N, a single flashsci backward of shape N of SHAPES (for ncu; with --cudnn, SDPA's cuDNN
-backward instead, with --flash SDPA's FlashAttention-2 backward); with --sm80, the portable kernel forced, against SDPA's
+in pairs of turns; with --one N, a single flashsci backward of shape N of SHAPES (for ncu; --cudnn: SDPA's cuDNN
+backward instead, --flash: SDPA's FlashAttention-2 backward); with --sm80, the portable kernel forced, against SDPA's
 FlashAttention-2 backward; --shape B,H,S,D[,c] (repeatable) instead of SHAPES.
-   python3 benchmarks/experiments/backward_sm90_quick.py [--one N [--cudnn | --flash]] [--sm80] [--shape 2,8,4096,256,c]"""
+   python3 benchmarks/experiments/backward_sm90_quick.py [--one N [--cudnn|--flash]] [--sm80] [--shape 2,8,4096,64,c]"""
 import sys
 
 import torch

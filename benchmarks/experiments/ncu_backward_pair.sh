@@ -31,7 +31,8 @@ PY
     "$OUT/ncu_${who}_$i.txt" | head -16
 done
 if [[ ${FULL:-0} == 1 ]]; then
-  ncu -k regex:attention_bwd_sm$arch -c 1 --set full --import-source no -o "$OUT/flashsci_$i" -f $quick > "$OUT/ncu_full_$i.log" 2>&1
+  ncu -k regex:attention_bwd_sm$arch -c 1 --set full --import-source no -o "$OUT/flashsci_$i" -f $quick \
+    > "$OUT/ncu_full_$i.log" 2>&1
   ncu --import "$OUT/flashsci_$i.ncu-rep" --page source --csv --print-source sass > "$OUT/flashsci_${i}_sass.csv"
   python3 benchmarks/experiments/ncu_sass_summary.py "$OUT/flashsci_${i}_sass.csv" --top 25
 fi
