@@ -393,14 +393,15 @@ __global__ void __launch_bounds__(fs_bwd_tile<D>::THREADS) attention_bwd_sm80(co
             }
         /* to shared memory for the group's other warps (P^T, dS^T) and for dQ (dS^T). sm_90: an m16 x k16 fragment by
          * one stmatrix (matrix m = lane / 8: rows 8 (m & 1) .., chunk m / 2 of the k16 step; 4x fewer store
-         * instructions than 32-bit stores: D = 128 3-4% faster, causal D = 64 5%); else e = (row half e & 1, n8 tile e / 2) */
+         * instructions than 32-bit stores: D = 128 3-4% faster, causal D = 64 5%); else 32-bit stores, e = (row half
+         * e & 1, n8 tile e / 2) */
 #if __CUDA_ARCH__ >= 900
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int kk = 0; kk < NH / 2; kk++) {
-                const int m = lane >> 3;
-                const int off = chunk_off<PS>(group * 32 + 16 * mt + 8 * (m & 1) + l7, part * (BR / G) / 8 + 2 * kk + (m >> 1));
+                const int m = lane >> 3, row = group * 32 + 16 * mt + 8 * (m & 1) + l7;
+                const int off = chunk_off<PS>(row, part * (BR / G) / 8 + 2 * kk + (m >> 1));
                 stmatrix_x4(sPT_a + 2 * off, pa[mt][kk][0], pa[mt][kk][1], pa[mt][kk][2], pa[mt][kk][3]);
                 stmatrix_x4(sdS_a + 2 * off, da[mt][kk][0], da[mt][kk][1], da[mt][kk][2], da[mt][kk][3]);
             }
