@@ -17,15 +17,15 @@ SHAPES = [(16, 32, 1024, 64, False), (16, 32, 1024, 64, True), (4, 32, 4096, 64,
 
 def main():
     from torch.nn.attention import SDPBackend
+    backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
     sm80 = "--sm80" in sys.argv
     if sm80:
         flashsci._flashsci._set_attention_kernel("sm80")
     if "--one" in sys.argv:
         b, h, s, d, causal = SHAPES[int(sys.argv[sys.argv.index("--one") + 1])]
-        peer = next((name for name in ("cudnn", "flash") if "--" + name in sys.argv), None)
+        peer = next((name for name in backends if "--" + name in sys.argv), None)
         if peer:
-            backend = SDPBackend.CUDNN_ATTENTION if peer == "cudnn" else SDPBackend.FLASH_ATTENTION
-            sets = backward_sets(torch, b, h, s, d, torch.bfloat16, causal, {peer: backend}, 1)
+            sets = backward_sets(torch, b, h, s, d, torch.bfloat16, causal, {peer: backends[peer]}, 1)
             torch_backward(torch, peer)(*sets[0])
         else:
             q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -33,12 +33,12 @@ def main():
             flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal)
         torch.cuda.synchronize()
         return
-    peer, backend = ("flash", SDPBackend.FLASH_ATTENTION) if sm80 else ("cudnn", SDPBackend.CUDNN_ATTENTION)
+    peer = "flash" if sm80 else "cudnn"
     print(torch.cuda.get_device_name(), "portable kernel forced" if sm80 else "")
     shapes = [tuple(int(x) for x in a.split(",")[:4]) + (a.endswith(",c"),)
               for i, a in enumerate(sys.argv) if sys.argv[i - 1] == "--shape"] or SHAPES
     for b, h, s, d, causal in shapes:
-        sets = backward_sets(torch, b, h, s, d, torch.bfloat16, causal, {peer: backend})
+        sets = backward_sets(torch, b, h, s, d, torch.bfloat16, causal, {peer: backends[peer]})
         fs = lambda q, k, v, dout, out, lse, theirs: flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal)
         det = lambda q, k, v, dout, out, lse, theirs: flashsci.attention_backward(dout, q, k, v, out, lse, causal=causal,
                                                                                   deterministic=True)
