@@ -1,14 +1,17 @@
 """Hopper attention backward, quick look: flashsci's backward against cuDNN's (SDPA) on a few shapes, TF/s and ratio
 in pairs of turns; with --one N, a single flashsci backward of shape N of SHAPES (for ncu; --cudnn: SDPA's cuDNN
 backward instead, --flash: SDPA's FlashAttention-2 backward); with --sm80, the portable kernel forced, against SDPA's
-FlashAttention-2 backward; --shape B,H,S,D[,c] (repeatable) instead of SHAPES.
-   python3 benchmarks/experiments/backward_sm90_quick.py [--one N [--cudnn|--flash]] [--sm80] [--shape 2,8,4096,64,c]"""
+FlashAttention-2 backward; --shape B,H,S,D[,c] (repeatable) instead of SHAPES; --varlen FASTA: then the packed
+batches of the recorded backward benchmark (ESM2-3B heads, the FASTA's length mix).
+   python3 benchmarks/experiments/backward_sm90_quick.py [--one N [--cudnn|--flash]] [--sm80] [--shape 2,8,4096,64,c]
+       [--varlen data/uniprot20k.fasta.gz]"""
 import sys
 
 import torch
 
 import flashsci
-from flashsci.bench.backward import backward_sets, torch_backward
+from flashsci.bench.backward import backward_sets, bench_varlen, torch_backward
+from flashsci.bench.proteins import read_lengths
 from flashsci.bench.timing import event_turns_us, flops
 
 SHAPES = [(16, 32, 1024, 64, False), (16, 32, 1024, 64, True), (4, 32, 4096, 64, False), (4, 32, 4096, 64, True),
@@ -50,6 +53,8 @@ def main():
               "time", flush=True)
         del sets
         torch.cuda.empty_cache()
+    if "--varlen" in sys.argv:
+        bench_varlen(torch, torch.bfloat16, read_lengths(sys.argv[sys.argv.index("--varlen") + 1])[1])
 
 
 if __name__ == "__main__":

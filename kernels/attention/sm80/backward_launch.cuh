@@ -15,9 +15,10 @@
  * index space). FEAT: the kernels with the protein options; MASK: those that test each score's mask (causal, the key
  * padding mask; a plain non-causal run's kernel compares no query with a key). */
 template <int D, typename T, bool FEAT, bool MASK>
-static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
+static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, int optin, cudaStream_t stream)
 {
-    using tile = fs_bwd_tile<D>;
+    using tile = fs_bwd_tile<D, !MASK>;
+    using sm = fs_bwd_smem<D, T, !MASK>;
     using dq_tile = fs_bwd_dq_tile<D>;
     const fs_attn_params *p = &g->p;
     static fs_kernel main_handle, dq_handle, dbias_handle;
@@ -40,12 +41,10 @@ static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w,
     const long long dq_blocks = (long long)(p->Sq + dq_tile::BR - 1) / dq_tile::BR * p->H * p->B;
     if (blocks > 0x7fffffffLL || dq_blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     /* double-buffered Q_i and dO_i where the device's shared memory allows, else single */
-    int optin = 0;
-    cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    if (err != cudaSuccess) return err;
-    a.stages = fs_bwd_smem<D, T>::bytes(2, a.t5_n) <= optin ? 2 : 1;
-    const int smem = fs_bwd_smem<D, T>::bytes(a.stages, a.t5_n), dq_smem = fs_bwd_dq_smem<D, T>::bytes(a.t5_n);
+    a.stages = sm::bytes(2, a.t5_n) <= optin ? 2 : 1;
+    const int smem = sm::bytes(a.stages, a.t5_n), dq_smem = fs_bwd_dq_smem<D, T>::bytes(a.t5_n);
     if (smem > optin || ((a.dq_kernel || g->dbias) && dq_smem > optin)) return cudaErrorNotSupported;
+    cudaError_t err = cudaSuccess;
     void *args[] = {&a};
     a.delta_pass = 0;
     a.delta_out = w->delta;
@@ -59,7 +58,7 @@ static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w,
     }
     if (blocks > 0) {
         err = fs_kernel_prepare((const void *)attention_bwd_sm80<D, T, FEAT, MASK>, &main_handle,
-                                fs_bwd_smem<D, T>::bytes(2, FS_CUDA_T5_MAX), device);
+                                sm::bytes(2, FS_CUDA_T5_MAX), device);
         if (err == cudaSuccess) err = fs_launch(&main_handle, device, (unsigned)blocks, tile::THREADS, smem, stream, args);
         if (err != cudaSuccess) return err;
     }
@@ -84,14 +83,19 @@ static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w,
     return err;
 }
 
-/* The variant for g: the plain kernel unless an option needs the protein one. */
+/* The variant for g: the plain kernel unless an option needs the protein one; a non-causal plain run's kernel (the
+ * tall tile) where the device's shared memory per block holds its tile, else the masked one. */
 template <int D, typename T>
 static cudaError_t bwd_launch_d(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
 {
     const fs_attn_params *p = &g->p;
+    int optin = 0;
+    const cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != cudaSuccess) return err;
     const bool feat = p->cu_seqlens_q || p->seqlens || p->kpm || p->bias || p->t5_table || w->rotary;
-    if (feat) return bwd_launch<D, T, true, true>(g, w, device, stream);
-    return p->causal ? bwd_launch<D, T, false, true>(g, w, device, stream) : bwd_launch<D, T, false, false>(g, w, device, stream);
+    if (feat) return bwd_launch<D, T, true, true>(g, w, device, optin, stream);
+    if (p->causal || fs_bwd_smem<D, T, true>::bytes(1, 0) > optin) return bwd_launch<D, T, false, true>(g, w, device, optin, stream);
+    return bwd_launch<D, T, false, false>(g, w, device, optin, stream);
 }
 
 template <typename T>
