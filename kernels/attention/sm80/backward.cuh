@@ -224,8 +224,9 @@ __global__ void __launch_bounds__(fs_bwd_tile<D, !MASK>::THREADS) attention_bwd_
     constexpr int WARPS = tile::WARPS, BR = tile::BR, BC = tile::BC, THREADS = tile::THREADS, MT = tile::MT, G = tile::G;
     constexpr int P = sm::P, PS = sm::PS, KD = D / 16, NQ = BR / 8, NO = D / 8;
     constexpr int NH = NQ / G, NOH = NO / G;                            /* n8 tiles of a warp's part: queries, head dim */
-    constexpr int QG = BR / 16, DPARTS = WARPS / QG, NDQ = NO / DPARTS; /* dQ: warps as QG row groups x DPARTS column parts */
-    static_assert(WARPS % QG == 0 && NO % (2 * DPARTS) == 0 && NOH % 2 == 0 && NH % 2 == 0 && BC % 64 == 0, "warp splits");
+    /* dQ: warps as QG row groups of DQM m16 tiles x 2 column parts of NDQ n8 tiles */
+    constexpr int QG = WARPS / 2, DQM = BR / (16 * QG), NDQ = NO / 2;
+    static_assert(BR % (16 * QG) == 0 && NO % 4 == 0 && NOH % 2 == 0 && NH % 2 == 0 && BC % 64 == 0, "warp splits");
     extern __shared__ __align__(128) unsigned char smem[];
     T *sK = reinterpret_cast<T *>(smem + sm::K), *sV = reinterpret_cast<T *>(smem + sm::V);
     T *sPT = reinterpret_cast<T *>(smem + sm::PT), *sdS = reinterpret_cast<T *>(smem + sm::DS);
@@ -302,7 +303,7 @@ __global__ void __launch_bounds__(fs_bwd_tile<D, !MASK>::THREADS) attention_bwd_
 #pragma unroll
             for (int e = 0; e < 4; e++) acc_dv[mt][n][e] = acc_dk[mt][n][e] = 0.f;
     const uint32_t sK_a = smem_addr(sK), sV_a = smem_addr(sV), sPT_a = smem_addr(sPT), sdS_a = smem_addr(sdS);
-    const int qg = warp % QG, dpart = warp / QG; /* this warp's share of dQ_i */
+    const int qg = warp % QG, dpart = warp / QG; /* this warp's share of dQ_i: rows 16 DQM qg .., columns 8 NDQ dpart .. */
     const int l7 = lane & 7, mi = lane >> 3;
     constexpr int KQ = BR / 16, KOWN = KQ / G; /* k16 steps over a tile's queries, of them this warp's own */
     int a_off[4], b_off[4], po_off[KQ - KOWN], t_off[NOH / 2], k_off[NDQ / 2];
@@ -317,8 +318,10 @@ __global__ void __launch_bounds__(fs_bwd_tile<D, !MASK>::THREADS) attention_bwd_
 #pragma unroll
     for (int np = 0; np < NDQ / 2; np++) /* K_j as B of dQ: this warp's columns */
         k_off[np] = chunk_off<P>(l7 + (mi & 1) * 8, dpart * NDQ + 2 * np + (mi >> 1));
-    /* dS^T as A of dQ (transposed loads): keys l7 + 8 (mi >> 1), query chunk 2 qg + (mi & 1) */
-    const int ds_off = chunk_off<PS>(l7 + (mi >> 1) * 8, 2 * qg + (mi & 1));
+    /* dS^T as A of dQ (transposed loads): keys l7 + 8 (mi >> 1), query chunk 2 (DQM qg + m) + (mi & 1) of m16 tile m */
+    int ds_off[DQM];
+#pragma unroll
+    for (int m = 0; m < DQM; m++) ds_off[m] = chunk_off<PS>(l7 + (mi >> 1) * 8, 2 * (DQM * qg + m) + (mi & 1));
 
     /* steps run head hi (outer) by query tile qi, counted rather than divided out of it */
     for (int it = 0, hi = 0, qi = 0; it < n_iter; it++) {
@@ -429,45 +432,54 @@ __global__ void __launch_bounds__(fs_bwd_tile<D, !MASK>::THREADS) attention_bwd_
         mma_part_b<MT, KQ, G, NOH, PS, P, T>(acc_dv, pa, part, sPT_a, po_off, sdO_a, t_off);
         mma_part_b<MT, KQ, G, NOH, PS, P, T>(acc_dk, da, part, sdS_a, po_off, sQ_a, t_off);
 
-        /* dQ_i += dS K_j: this warp's 16 query rows x NDQ n8 tiles, A = dS from dS^T (transposed loads); deterministic
-         * runs leave dQ to its own kernel (backward_dq.cuh) */
+        /* dQ_i += dS K_j: this warp's 16 DQM query rows x NDQ n8 tiles, A = dS from dS^T (transposed loads);
+         * deterministic runs leave dQ to its own kernel (backward_dq.cuh) */
         if (!a.dq_kernel) {
             /* two sets of accumulators, even and odd k16 steps, so that twice the products are independent (up to
              * D = 128: at 256 the second set does not fit beside dV and dK) */
-            constexpr bool SPLIT = NDQ <= 8;
-            float dq[NDQ][4], dq2[NDQ][4];
+            constexpr bool SPLIT = DQM * NDQ <= 8;
+            float dq[DQM][NDQ][4], dq2[DQM][NDQ][4];
 #pragma unroll
-            for (int n = 0; n < NDQ; n++)
+            for (int mt = 0; mt < DQM; mt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) dq[n][e] = dq2[n][e] = 0.f;
+                for (int n = 0; n < NDQ; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) dq[mt][n][e] = dq2[mt][n][e] = 0.f;
 #pragma unroll
             for (int kk = 0; kk < BC / 16; kk++) {
-                float (&acc)[NDQ][4] = SPLIT && kk & 1 ? dq2 : dq;
-                uint32_t af[4];
-                ldmatrix_x4_trans(sdS_a + 2 * (ds_off + kk * 16 * PS), af);
+                float (&acc)[DQM][NDQ][4] = SPLIT && kk & 1 ? dq2 : dq;
+                uint32_t af[DQM][4];
+#pragma unroll
+                for (int mt = 0; mt < DQM; mt++) ldmatrix_x4_trans(sdS_a + 2 * (ds_off[mt] + kk * 16 * PS), af[mt]);
 #pragma unroll
                 for (int np = 0; np < NDQ / 2; np++) {
                     uint32_t bf[4];
                     ldmatrix_x4_trans(sK_a + 2 * (k_off[np] + kk * 16 * P), bf);
-                    mma16816<T>(acc[2 * np], af, bf[0], bf[1]);
-                    mma16816<T>(acc[2 * np + 1], af, bf[2], bf[3]);
+#pragma unroll
+                    for (int mt = 0; mt < DQM; mt++) {
+                        mma16816<T>(acc[mt][2 * np], af[mt], bf[0], bf[1]);
+                        mma16816<T>(acc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+                    }
                 }
             }
-            if (SPLIT)
 #pragma unroll
-                for (int n = 0; n < NDQ; n++)
+            for (int mt = 0; mt < DQM; mt++) {
+                if (SPLIT)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) dq[n][e] += dq2[n][e];
-            /* rows i and i + 8; n8 groups 2m and 2m + 1 side by side in the accumulator's row (fs_dq_slot) */
-            const int i = q0 + qg * 16 + gr;
-            float *dst = a.dq_acc + fs_bwd_row(p, b, h, seq.qo, i) * D + dpart * NDQ * 8 + 4 * t4;
+                    for (int n = 0; n < NDQ; n++)
 #pragma unroll
-            for (int r = 0; r < 2; r++)
-                if (i + 8 * r < seq.q_len)
+                        for (int e = 0; e < 4; e++) dq[mt][n][e] += dq2[mt][n][e];
+                /* rows i and i + 8; n8 groups 2m and 2m + 1 side by side in the accumulator's row (fs_dq_slot) */
+                const int i = q0 + (DQM * qg + mt) * 16 + gr;
+                float *dst = a.dq_acc + fs_bwd_row(p, b, h, seq.qo, i) * D + dpart * NDQ * 8 + 4 * t4;
 #pragma unroll
-                    for (int m = 0; m < NDQ / 2; m++)
-                        atomic_add4(dst + 8 * r * D + 16 * m, dq[2 * m][2 * r], dq[2 * m][2 * r + 1],
-                                    dq[2 * m + 1][2 * r], dq[2 * m + 1][2 * r + 1]);
+                for (int r = 0; r < 2; r++)
+                    if (i + 8 * r < seq.q_len)
+#pragma unroll
+                        for (int m = 0; m < NDQ / 2; m++)
+                            atomic_add4(dst + 8 * r * D + 16 * m, dq[mt][2 * m][2 * r], dq[mt][2 * m][2 * r + 1],
+                                        dq[mt][2 * m + 1][2 * r], dq[mt][2 * m + 1][2 * r + 1]);
+            }
         }
         hi = hn;
         qi = qn;
