@@ -22,34 +22,22 @@
 template <int D> FS_DEV_T int bwd_dq_box_row(int cw) { return D == 64 ? 64 * cw : 0; }
 template <int D> FS_DEV_T int bwd_dq_box_col(int cw, int c) { return (D == 64 ? 0 : 64 * cw) + 16 * c; }
 
-/* Consumer warpgroup cw's staged share added into the accumulator from row on (the tile's first row plus
- * bwd_dq_box_row) by TMA reductions (one thread; columns past D not added, rows past the map dropped), waited for
- * until they have read the staging. */
-template <class K>
-FS_DEV_T void bwd_dq_add_share(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq, const fs_attn_params &p,
-                               int cw, int row)
-{
-#pragma unroll
-    for (int c = 0; c < 4; c++)
-        if (bwd_dq_box_col<K::D>(cw, c) < p.D)
-            tma_reduce_add_2d(&map_dq, sh.sdQ + (4 * cw + c) * 64 * 16, bwd_dq_box_col<K::D>(cw, c), row);
-    bulk_commit();
-    bulk_wait_read();
-}
-
-/* The same share where the accumulator's map has a plane per (batch, query head) (a.dq_planes: ordered runs on padded
- * batches without seqlens): at row q of plane `plane`, rows past Sq dropped; stored rather than added where it is the
- * tile's first (store). */
-template <class K>
-FS_DEV_T void bwd_dq_put_share(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq, const fs_attn_params &p,
-                               int cw, int q, int plane, bool store)
+/* Consumer warpgroup cw's staged share into the accumulator by TMA (one thread; columns past D skipped, rows past the
+ * map dropped), waited for until they have read the staging: added from row `row` on (the tile's first row plus
+ * bwd_dq_box_row); PLANES, where the accumulator's map has a plane per (batch, query head) (a.dq_planes: ordered runs
+ * on padded batches without seqlens): at row `row` of plane `plane`, stored rather than added where it is the tile's
+ * first (store). */
+template <class K, bool PLANES>
+FS_DEV_T void bwd_dq_share(const sm90_bwd_shared<typename K::T> &sh, const CUtensorMap &map_dq, const fs_attn_params &p,
+                           int cw, int row, int plane = 0, bool store = false)
 {
 #pragma unroll
     for (int c = 0; c < 4; c++)
         if (bwd_dq_box_col<K::D>(cw, c) < p.D) {
             const float *box = sh.sdQ + (4 * cw + c) * 64 * 16;
-            if (store) tma_store_3d(&map_dq, box, bwd_dq_box_col<K::D>(cw, c), q, plane);
-            else tma_reduce_add_3d(&map_dq, box, bwd_dq_box_col<K::D>(cw, c), q, plane);
+            if (!PLANES) tma_reduce_add_2d(&map_dq, box, bwd_dq_box_col<K::D>(cw, c), row);
+            else if (store) tma_store_3d(&map_dq, box, bwd_dq_box_col<K::D>(cw, c), row, plane);
+            else tma_reduce_add_3d(&map_dq, box, bwd_dq_box_col<K::D>(cw, c), row, plane);
         }
     bulk_commit();
     bulk_wait_read();
@@ -167,7 +155,7 @@ FS_DEV_T void sm90_bwd_dq_writer_block(const sm90_bwd_shared<typename K::T> &sh,
 #pragma unroll
             for (int cw = 0; cw < 2; cw++) {
                 bwd_dq_staged_wait(cw);
-                if (lane == 0) bwd_dq_add_share<K>(sh, map_dq, p, cw, row + bwd_dq_box_row<K::D>(cw));
+                if (lane == 0) bwd_dq_share<K, false>(sh, map_dq, p, cw, row + bwd_dq_box_row<K::D>(cw));
                 __syncwarp();
                 if (K::PERSIST || it < last) bwd_dq_free(cw);
             }
@@ -351,9 +339,9 @@ FS_DEV_T void sm90_bwd_dq_writer_ordered(const sm90_bwd_shared<typename K::T> &s
             bwd_dq_staged_wait(cw);
             if (lane == 0) {
                 if (a.dq_planes) /* the share's row in its head's plane */
-                    bwd_dq_put_share<K>(sh, map_dq, p, cw, (blk.q_tile0 + t) * K::BR + bwd_dq_box_row<K::D>(cw),
-                                        blk.b * p.H + blk.hkv * group + g, turn == 0);
-                else bwd_dq_add_share<K>(sh, map_dq, p, cw, row0 + t * K::BR);
+                    bwd_dq_share<K, true>(sh, map_dq, p, cw, (blk.q_tile0 + t) * K::BR + bwd_dq_box_row<K::D>(cw),
+                                          blk.b * p.H + blk.hkv * group + g, turn == 0);
+                else bwd_dq_share<K, false>(sh, map_dq, p, cw, row0 + t * K::BR);
             }
             __syncwarp();
             if (it < last) bwd_dq_free(cw);
