@@ -19,13 +19,12 @@ from flashsci.profile.trace import capture
 
 
 def packed(lens, h, d):
-    """(backward's arguments, varlen_attn's output and leaves) of fresh data packed in the order of lens."""
+    """The backward's arguments for fresh data packed in the order of lens."""
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
     s = max(lens)
     q, k, v, dout = (torch.randn(sum(lens), h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, lse = flashsci.attention_varlen(q, k, v, cu, cu, s, s, return_lse=True)
-    leaves = tuple(x.detach().requires_grad_() for x in (q, k, v))
-    return (dout, q, k, v, out, lse, cu, cu, s, s), varlen_attn(*leaves, cu, cu, s, s), leaves
+    return dout, q, k, v, out, lse, cu, cu, s, s
 
 
 def main():
@@ -41,7 +40,9 @@ def main():
     random.Random(0).shuffle(capped)   # the recorded benchmark's batches
     print(torch.cuda.get_device_name(), "portable kernels forced" if args.sm80 else "")
     for i, lens in enumerate(token_batches(capped)[: args.batches]):
-        bwd_args, o, leaves = packed(lens, h, d)
+        bwd_args = packed(lens, h, d)
+        leaves = tuple(x.detach().requires_grad_() for x in bwd_args[1:4])
+        o = varlen_attn(*leaves, *bwd_args[6:])
         ours = lambda: flashsci.attention_varlen_backward(*bwd_args)
         theirs = lambda: torch.autograd.grad(o, leaves, bwd_args[0], retain_graph=True)
         for name, fn in (("flashsci", ours), ("varlen_attn", theirs)):
@@ -50,7 +51,7 @@ def main():
             print(f"batch {i} ({len(lens)}x{max(lens)}, {sum(lens)} tokens) {name}: kernels of one backward")
             print("\n".join(launch_listing(t, 110)))
         orders = {"drawn": lens, "longest first": sorted(lens, reverse=True), "shortest first": sorted(lens)}
-        sets = {name: packed(order, h, d)[0] for name, order in orders.items()}
+        sets = {name: packed(order, h, d) for name, order in orders.items()}
         fns = {name: (lambda a=a: flashsci.attention_varlen_backward(*a)) for name, a in sets.items()}
         t = event_turns_us(torch, fns, [()])
         print(f"batch {i} whole backward: " + ", ".join(f"{name} {us:.1f} us" for name, us in t.items()), flush=True)
