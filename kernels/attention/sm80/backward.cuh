@@ -212,13 +212,14 @@ FS_DEV void bwd_t5_table(const fs_bwd_args &a, float *s_t5, int h, int tid, int 
     }
 }
 
-/* FEAT: the protein options (packed sequences, seqlens, masks, biases, rotary); MASK: scores may be masked (causal, the
- * key padding mask), tested per score (a non-causal plain run's steps compared every score's query and key); the
- * kernel without it takes the tall tile. */
-template <int D, typename T, bool FEAT, bool MASK>
+/* FEAT: 0 the plain kernels, 1 sequences of their own lengths only (packed, seqlens), 2 every protein option (also key
+ * padding masks, biases, the T5 bias, rotary); MASK: scores may be masked (causal, the key padding mask), tested per
+ * score (a non-causal plain run's steps compared every score's query and key); the kernel without it takes the tall
+ * tile. */
+template <int D, typename T, int FEAT, bool MASK>
 __global__ void __launch_bounds__(fs_bwd_tile<D, !MASK>::THREADS) attention_bwd_sm80(const fs_bwd_args a)
 {
-    static_assert(MASK || !FEAT, "the protein options' kernel tests the key padding mask");
+    static_assert(MASK || FEAT < 2, "the protein options' kernel tests the key padding mask");
     using tile = fs_bwd_tile<D, !MASK>;
     using sm = fs_bwd_smem<D, T, !MASK>;
     constexpr int WARPS = tile::WARPS, BR = tile::BR, BC = tile::BC, THREADS = tile::THREADS, MT = tile::MT, G = tile::G;
@@ -261,13 +262,13 @@ __global__ void __launch_bounds__(fs_bwd_tile<D, !MASK>::THREADS) attention_bwd_
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int key = key0 + 16 * mt + 8 * r;
-            kept[mt][r] = !(FEAT && p.kpm) || (key < seq.k_len && p.kpm[b * p.kpm_sb + (int64_t)key * p.kpm_sk]);
+            kept[mt][r] = !(FEAT == 2 && p.kpm) || (key < seq.k_len && p.kpm[b * p.kpm_sb + (int64_t)key * p.kpm_sk]);
         }
     int n_qb = 0, q_begin = 0;
     if (k_valid > 0) {
         q_begin = p.causal ? k0 / BR * BR : 0; /* causal (top-left): queries before k0 see no key of this block */
         n_qb = seq.q_len > q_begin ? (seq.q_len - q_begin + BR - 1) / BR : 0;
-        if (FEAT && p.kpm && !__syncthreads_or(kept[0][0] || kept[0][1] || kept[1][0] || kept[1][1]))
+        if (FEAT == 2 && p.kpm && !__syncthreads_or(kept[0][0] || kept[0][1] || kept[1][0] || kept[1][1]))
             n_qb = 0; /* every key padded: zero gradients */
     }
     const int n_iter = p.kv_group * n_qb; /* (head of the group, query tile) steps, head outer */
@@ -338,7 +339,7 @@ __global__ void __launch_bounds__(fs_bwd_tile<D, !MASK>::THREADS) attention_bwd_
             cp_async_wait<0>();
             __syncthreads();
         }
-        if (FEAT && p.t5_table && qi == 0) { /* this head's T5 bias */
+        if (FEAT == 2 && p.t5_table && qi == 0) { /* this head's T5 bias */
             bwd_t5_table(a, s_t5, h, tid, THREADS);
             __syncthreads();
         }
@@ -386,11 +387,11 @@ __global__ void __launch_bounds__(fs_bwd_tile<D, !MASK>::THREADS) attention_bwd_
                 }
         };
         auto masks = [&](auto additive) {
-            if (!FEAT) probabilities(additive, std::integral_constant<bool, MASK>{});
-            else if (diag || p.kpm) probabilities(additive, std::true_type{});
+            if (!FEAT || !MASK) probabilities(additive, std::integral_constant<bool, MASK>{});
+            else if (diag || (FEAT == 2 && p.kpm)) probabilities(additive, std::true_type{});
             else probabilities(additive, std::false_type{});
         };
-        if (FEAT && (p.t5_table || p.bias)) masks(std::integral_constant<bool, FEAT>{});
+        if (FEAT == 2 && (p.t5_table || p.bias)) masks(std::true_type{});
         else masks(std::false_type{});
         uint32_t pa[MT][NH / 2][4], da[MT][NH / 2][4];
 #pragma unroll
@@ -500,12 +501,12 @@ __global__ void __launch_bounds__(fs_bwd_tile<D, !MASK>::THREADS) attention_bwd_
                 const int col = (part * NOH + n) * 8 + 2 * t4;
                 *reinterpret_cast<uint32_t *>(sV + swz<P>(row, col)) =
                     row < k_valid ? pack2<T>(acc_dv[mt][n][2 * r], acc_dv[mt][n][2 * r + 1]) : 0u;
-                if (!(FEAT && a.rotary))
+                if (!(FEAT == 2 && a.rotary))
                     *reinterpret_cast<uint32_t *>(sK + swz<P>(row, col)) =
                         row < k_valid ? pack2<T>(acc_dk[mt][n][2 * r] * a.scale, acc_dk[mt][n][2 * r + 1] * a.scale) : 0u;
             }
         }
-    if (FEAT && a.rotary) { /* dK in float32 rows of D + 4 (against bank conflicts) from P^T on, 64 rows (two groups) a pass */
+    if (FEAT == 2 && a.rotary) { /* dK in float32 rows of D + 4 (against bank conflicts) from P^T on, 64 rows (two groups) a pass */
         float *fk = reinterpret_cast<float *>(smem + sm::PT);
         static_assert((size_t)64 * (D + 4) * 4 <= (size_t)sm::Q - sm::PT + 2 * sm::STAGE, "dK staging fits");
         for (int pass = 0; pass < BC / 64; pass++) {

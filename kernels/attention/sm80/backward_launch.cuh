@@ -12,9 +12,10 @@
 /* Launch the main kernel for head dim D (one block per key block, K/V head and batch, key block fastest: causal runs
  * start with the key blocks that see the most queries), then for deterministic runs and the T5 gradient the dQ kernel
  * (one block per query block, head and batch), then for bias_grad the dbias kernel (one block per tile of the bias's
- * index space). FEAT: the kernels with the protein options; MASK: those that test each score's mask (causal, the key
- * padding mask; a plain non-causal run's kernel compares no query with a key). */
-template <int D, typename T, bool FEAT, bool MASK>
+ * index space). FEAT: the kernels with sequences of their own lengths (1) and with the other protein options (2);
+ * MASK: those that test each score's mask (causal, the key padding mask; a plain non-causal run's kernel compares no
+ * query with a key). */
+template <int D, typename T, int FEAT, bool MASK>
 static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, int optin, cudaStream_t stream)
 {
     using tile = fs_bwd_tile<D, !MASK>;
@@ -49,7 +50,7 @@ static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w,
     a.delta_pass = 0;
     a.delta_out = w->delta;
     if ((g->dbias || g->dtable) && dq_blocks > 0) { /* Delta as rowsum(P o dP) for the gradients that sum dS over rows */
-        err = fs_kernel_prepare((const void *)attention_bwd_dq_sm80<D, T, FEAT>, &dq_handle,
+        err = fs_kernel_prepare((const void *)attention_bwd_dq_sm80<D, T, FEAT != 0>, &dq_handle,
                                 fs_bwd_dq_smem<D, T>::bytes(FS_CUDA_T5_MAX), device);
         a.delta_pass = 1;
         if (err == cudaSuccess) err = fs_launch(&dq_handle, device, (unsigned)dq_blocks, dq_tile::THREADS, dq_smem, stream, args);
@@ -63,7 +64,7 @@ static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w,
         if (err != cudaSuccess) return err;
     }
     if (a.dq_kernel && dq_blocks > 0) {
-        err = fs_kernel_prepare((const void *)attention_bwd_dq_sm80<D, T, FEAT>, &dq_handle,
+        err = fs_kernel_prepare((const void *)attention_bwd_dq_sm80<D, T, FEAT != 0>, &dq_handle,
                                 fs_bwd_dq_smem<D, T>::bytes(FS_CUDA_T5_MAX), device);
         if (err == cudaSuccess) err = fs_launch(&dq_handle, device, (unsigned)dq_blocks, dq_tile::THREADS, dq_smem, stream, args);
         if (err != cudaSuccess) return err;
@@ -83,8 +84,9 @@ static cudaError_t bwd_launch(const fs_attn_bwd_params *g, const fs_bwd_work *w,
     return err;
 }
 
-/* The variant for g: the plain kernel unless an option needs the protein one; a non-causal plain run's kernel (the
- * tall tile) where the device's shared memory per block holds its tile, else the masked one. */
+/* The variant for g: the plain kernel unless an option needs a protein one (the one for sequences of their own
+ * lengths where that is all); a non-causal plain run's kernel (the tall tile) where the device's shared memory per
+ * block holds its tile, else the masked one. */
 template <int D, typename T>
 static cudaError_t bwd_launch_d(const fs_attn_bwd_params *g, const fs_bwd_work *w, int device, cudaStream_t stream)
 {
@@ -92,10 +94,12 @@ static cudaError_t bwd_launch_d(const fs_attn_bwd_params *g, const fs_bwd_work *
     int optin = 0;
     const cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (err != cudaSuccess) return err;
-    const bool feat = p->cu_seqlens_q || p->seqlens || p->kpm || p->bias || p->t5_table || w->rotary;
-    if (feat) return bwd_launch<D, T, true, true>(g, w, device, optin, stream);
-    if (p->causal || fs_bwd_smem<D, T, true>::bytes(1, 0) > optin) return bwd_launch<D, T, false, true>(g, w, device, optin, stream);
-    return bwd_launch<D, T, false, false>(g, w, device, optin, stream);
+    if (p->kpm || p->bias || p->t5_table || w->rotary) return bwd_launch<D, T, 2, true>(g, w, device, optin, stream);
+    if (p->cu_seqlens_q || p->seqlens) /* non-causal: no score masked (keys and queries past a length are zero rows) */
+        return p->causal || fs_bwd_smem<D, T, true>::bytes(1, 0) > optin ? bwd_launch<D, T, 1, true>(g, w, device, optin, stream)
+                                                                           : bwd_launch<D, T, 1, false>(g, w, device, optin, stream);
+    if (p->causal || fs_bwd_smem<D, T, true>::bytes(1, 0) > optin) return bwd_launch<D, T, 0, true>(g, w, device, optin, stream);
+    return bwd_launch<D, T, 0, false>(g, w, device, optin, stream);
 }
 
 template <typename T>
