@@ -41,10 +41,11 @@
 template <int W, int R, int G_> struct fs_bwd_cfg {
     enum { WARPS = W, BR = R, G = G_, BC = 32 * W / G_, THREADS = 32 * W, MT = 2 /* m16 key tiles per warp */ };
 };
-/* TALL: the plain non-causal kernel's tile (MASK off), taller where that is faster: 128 queries a step at D = 64, as
- * FlashAttention-2 takes, so each step's barriers, loads and address arithmetic are spread over twice the products
- * (3% faster at 1k-8k tokens; causal runs were 3% slower with it, the feature kernel spills). Parts with less shared
- * memory per block than it needs run the masked kernel's tile instead (backward_launch.cuh). */
+/* TALL: the unmasked kernels' tile (MASK off: plain non-causal runs, and non-causal runs of sequences of their own
+ * lengths), taller where that is faster: 128 queries a step at D = 64, as FlashAttention-2 takes, so each step's
+ * barriers, loads and address arithmetic are spread over twice the products (3% faster at 1k-8k tokens; packed UniProt
+ * batches 2-6%; causal runs were 3% slower with it, the every-option kernel spills). Parts with less shared memory per
+ * block than it needs run the masked kernel's tile instead (backward_launch.cuh). */
 template <int D, bool TALL> struct fs_bwd_tile;
 /*                                                  WARPS BR  G */
 template <bool TALL> struct fs_bwd_tile<32, TALL>  : fs_bwd_cfg<8, 64, 2> {};
@@ -361,9 +362,9 @@ __global__ void __launch_bounds__(fs_bwd_tile<D, !MASK>::THREADS) attention_bwd_
         /* P^T = exp2(S^T c [+ bias + T5] - L log2 e), masked: causal (query < key), padded keys;
          * dS^T = P^T o (dP^T - D_i). Both packed to T: the own half of the next products' A fragments. The bias and
          * T5 terms on a loop of their own (additive): per element they test their pointers and load the bias by its
-         * dtype, code that had made the feature kernel's step, run without them (packed sequences, masks), about
+         * dtype, code that had made the option kernel's step, run without them (packed sequences, masks), about
          * 2,000 instructions long. Masks are tested per element only where a step may mask: in the plain kernels by
-         * MASK (causal runs), in the feature kernel on a loop of its own for steps on the causal diagonal or with a
+         * MASK (causal runs), in the option kernels on a loop of its own for steps on the causal diagonal or with a
          * key padding mask (packed batches without either ran 18-20% faster). */
         const bool diag = p.causal && qh < k0 + group * 32 + 31;
         auto probabilities = [&](auto additive, auto mask) {
