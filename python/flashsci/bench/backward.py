@@ -334,7 +334,8 @@ def _markdown(rows, meta):
                        f"{r['step speedup vs torch']:.2f}× |")
     out += ["", f"Packed varlen backward, ESM2-3B heads (H=40, D=64), 16k-token batches of {meta['fasta']} (random "
             "order, lengths capped at 4096), against SDPA's backward on the padded batch with the key padding mask and "
-            "against torch's varlen_attn backward on the packed batch (FlashAttention-2), each in its own pair:", "",
+            "against torch's varlen_attn backward on the packed batch (FlashAttention-2), each in its own pair; all: "
+            "the batches together (their times summed):", "",
             "| batch | B×S | tokens | flashsci µs | useful TF/s | SDPA+mask µs | speedup | varlen_attn µs | speedup |",
             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -343,4 +344,15 @@ def _markdown(rows, meta):
             out.append(f"| {r['batch']} | {r['B']}×{r['S']} | {r['tokens']} | {r['flashsci us']:.1f} | "
                        f"{r['flashsci TF/s']:.0f} | {r['sdpa+mask us']:.1f} | {r['speedup vs sdpa+mask']:.2f}× | "
                        f"{_f(r.get('varlen_attn us'))} | {_f(vs, '.2f')}{'×' if vs else ''} |")
+    packed = [r for r in rows if r["set"] == "varlen"]
+    if len(packed) > 1:   # the batches together: the length mix's throughput
+        fs, sd = sum(r["flashsci us"] for r in packed), sum(r["sdpa+mask us"] for r in packed)
+        useful = sum(r["flashsci TF/s"] * r["flashsci us"] for r in packed)
+        vl = [r for r in packed if r.get("speedup vs varlen_attn")]
+        vl_cell = "| |"
+        if len(vl) == len(packed):   # flashsci's time in the varlen_attn pairs: their time / the speedup
+            t = sum(r["varlen_attn us"] for r in vl)
+            vl_cell = f"{t:.1f} | {t / sum(r['varlen_attn us'] / r['speedup vs varlen_attn'] for r in vl):.2f}× |"
+        out.append(f"| all | | {sum(r['tokens'] for r in packed)} | {fs:.1f} | {useful / fs:.0f} | {sd:.1f} | "
+                   f"{sd / fs:.2f}× | {vl_cell}")
     return "\n".join(out) + "\n"
