@@ -371,6 +371,30 @@ def test_varlen_many_sequences(d, causal):
     check((dq, dk, dv), ref, theirs, f"{len(lengths)} sequences")
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kernel", ["auto", "sm80"])
+def test_varlen_cross_lengths_plain(kernel, causal):
+    """Packed batches with no other option take the sequence kernel, non-causal ones its unmasked 128-query tile at
+    D = 64: keys and queries past a sequence's end are zero rows, whatever the other side's length (queries without keys,
+    keys without queries, lengths around the tile's 128 rows); rows without keys get zero dq, keys without queries zero
+    dk and dv."""
+    lq, lk = [5, 300, 64, 7, 0, 129, 128, 1], [9, 200, 0, 700, 3, 127, 256, 1]
+    cu_q, (q, _, _) = pack(lq, 3, 64, torch.bfloat16)
+    cu_k, (_, k, v) = pack(lk, 3, 64, torch.bfloat16)
+    dout = torch.randn_like(q)
+    flashsci._flashsci._set_attention_kernel(kernel)
+    try:
+        out, lse = flashsci.attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal, return_lse=True)
+        dq, dk, dv = poisoned(q), poisoned(k), poisoned(v)
+        flashsci.attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max(lq), max(lk), causal=causal,
+                                           dq=dq, dk=dk, dv=dv)
+    finally:
+        flashsci._flashsci._set_attention_kernel("auto")
+    ref, theirs = varlen_grads(q, k, v, dout, cu_q, cu_k, causal, 64 ** -0.5)
+    check((dq, dk, dv), ref, theirs, f"{kernel} causal={causal}")
+    assert (dq[305:369] == 0).all() and (dk[909:912] == 0).all() and (dv[909:912] == 0).all()
+
+
 def test_varlen_cross_lengths_t5_rotary():
     lq, lk = [5, 300, 64, 7, 0], [9, 200, 0, 700, 3]
     cu_q, (q, _, _) = pack(lq, 2, 128, torch.bfloat16)
