@@ -95,11 +95,11 @@ static cudaError_t bwd_launch_d(const fs_attn_bwd_params *g, const fs_bwd_work *
     const cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (err != cudaSuccess) return err;
     if (p->kpm || p->bias || p->t5_table || w->rotary) return bwd_launch<D, T, 2, true>(g, w, device, optin, stream);
-    if (p->cu_seqlens_q || p->seqlens) /* non-causal: no score masked (keys and queries past a length are zero rows) */
-        return p->causal || fs_bwd_smem<D, T, true>::bytes(1, 0) > optin ? bwd_launch<D, T, 1, true>(g, w, device, optin, stream)
-                                                                           : bwd_launch<D, T, 1, false>(g, w, device, optin, stream);
-    if (p->causal || fs_bwd_smem<D, T, true>::bytes(1, 0) > optin) return bwd_launch<D, T, 0, true>(g, w, device, optin, stream);
-    return bwd_launch<D, T, 0, false>(g, w, device, optin, stream);
+    /* non-causal runs mask no score (keys and queries past a length are zero rows) */
+    const bool mask = p->causal || fs_bwd_smem<D, T, true>::bytes(1, 0) > optin;
+    if (p->cu_seqlens_q || p->seqlens)
+        return mask ? bwd_launch<D, T, 1, true>(g, w, device, optin, stream) : bwd_launch<D, T, 1, false>(g, w, device, optin, stream);
+    return mask ? bwd_launch<D, T, 0, true>(g, w, device, optin, stream) : bwd_launch<D, T, 0, false>(g, w, device, optin, stream);
 }
 
 template <typename T>
