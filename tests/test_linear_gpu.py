@@ -151,6 +151,10 @@ def test_dispatch_plan():
         tail = dw["tiles"] % dw["sm_count"]
         assert dw["split"] > 1 and tail * dw["split"] <= dw["sm_count"] and dw["grid"] == dw["sm_count"]
         assert plan["split"] == 1 and flashsci._flashsci._gemm_plan(10240, 2560, 16384)["split"] == 1
+        # the backward's products at 1600 columns with long K (the LM grid's xl SwiGLU, 16k tokens): 256-wide tiles,
+        # whose K steps cost less per column than 128-wide ones
+        assert flashsci._flashsci._gemm_plan(16384, 1600, 12800, transposed=1)["BN"] == 256
+        assert flashsci._flashsci._gemm_plan(12800, 1600, 16384, transposed=2)["BN"] == 256
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

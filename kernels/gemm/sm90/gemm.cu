@@ -579,15 +579,18 @@ static cudaError_t launch(const fs_gemm_params *p, int device, int sm_count, cud
  * the SMs times a tile's time, BN columns per K step of 64 plus a per-tile cost worth 512 such column-steps
  * (H100, K = 2560: a round of 128 x BN tiles took 0.0285 us per column-step and about 1.5 us more; each round
  * measured for every width at M = 256 ... 2048); the transposed products' tiles cost about 2,800 column-steps more
- * (H200, dX = dh W at 16k x 10240 -> 2560: 108 us a round of 256-wide tiles, 57.5 of 128-wide ones), and their split
- * last round costs one chunk plus the partial sums' traffic; ties go to the wider tile. tile_n, when nonzero, is taken
- * instead (tests and benchmarks; SwiGLU and the transposed products ignore 160). A SwiGLU forward keeping its
- * pre-activation (p->swiglu with SWIGLU false: paired tiles) takes 256 or 128, whose halves are whole TMA boxes. */
+ * and each of their K steps TRANS_STEP columns more than its width (H200, dX = dh W at 16k x 10240 -> 2560: 108 us
+ * a round of 256-wide tiles, 57.5 of 128-wide ones, about 18 columns; H100, dX and dW at 16k x 12800 -> 1600: 1,972
+ * us with 256-wide tiles against 2,462 with 128-wide, about 85), and their split last round costs one chunk plus the
+ * partial sums' traffic; ties go to the wider tile. tile_n, when nonzero, is taken instead (tests and benchmarks;
+ * SwiGLU and the transposed products ignore 160). A SwiGLU forward keeping its pre-activation (p->swiglu with SWIGLU
+ * false: paired tiles) takes 256 or 128, whose halves are whole TMA boxes. */
 template <typename T, bool SWIGLU, int LAYOUT = LAYOUT_NT>
 static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_count, int tile_n, cudaStream_t stream,
                                 fs_gemm_plan *plan)
 {
     static const int widths[4] = {256, 192, 160, 128};
+    constexpr int TRANS_STEP = 32;
     constexpr bool NO_160 = SWIGLU || LAYOUT != LAYOUT_NT; /* 160 is no whole number of 64-column panels */
     const bool paired = !SWIGLU && p->swiglu;
     int best = 0;
@@ -597,9 +600,10 @@ static cudaError_t launch_tiles(const fs_gemm_params *p, int device, int sm_coun
         const int out_bn = SWIGLU || paired ? widths[i] / 2 : widths[i];
         const long long tiles = (long long)((p->M + BM - 1) / BM) * ((p->N + out_bn - 1) / out_bn);
         const int nk = (p->K + BK - 1) / BK, split = LAYOUT == LAYOUT_NT ? 1 : tail_split(tiles, sm_count, nk);
-        const long long tile_cost = (long long)widths[i] * nk + (LAYOUT == LAYOUT_NT ? 512 : 2800);
+        const int step_cols = widths[i] + (LAYOUT == LAYOUT_NT ? 0 : TRANS_STEP);
+        const long long tile_cost = (long long)step_cols * nk + (LAYOUT == LAYOUT_NT ? 512 : 2800);
         /* a split last round: one chunk of a tile, plus writing and summing the chunks' partial sums (2 per column) */
-        const long long cost = split > 1 ? tiles / sm_count * tile_cost + (long long)widths[i] * nk / split + 512 + 2LL * split * widths[i]
+        const long long cost = split > 1 ? tiles / sm_count * tile_cost + (long long)step_cols * nk / split + 512 + 2LL * split * widths[i]
                                          : (tiles + sm_count - 1) / sm_count * tile_cost;
         if (i == 0 || cost < best_cost) {
             best = i;
